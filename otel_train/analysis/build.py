@@ -1,0 +1,132 @@
+"""``build_report(run_dir)``: the two streaming passes over traces and one over metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from otel_train import semconv as sc
+from otel_train.analysis import steps as st
+from otel_train.analysis.metrics import MetricsDigest, read_metrics
+from otel_train.analysis.model import (
+    Bar,
+    CollectiveRow,
+    CompileSummary,
+    RankResources,
+    Report,
+    SlowStep,
+    StepTimeline,
+)
+from otel_train.analysis.otlp import Span, resolve_run_dir
+from otel_train.analysis.traces import PHASES, TraceDigest, read_traces, spans_of_traces
+
+SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
+SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
+
+
+def build_report(run: Path, top: int = 10, timelines: int = 3) -> Report:
+    """The report of the run directory ``run`` (or the newest run under it)."""
+    run_dir = resolve_run_dir(run)
+    traces, metrics = read_traces(run_dir), read_metrics(run_dir)
+    table = traces.table
+    by_rank = st.rows_by_rank(table)
+    durations = st.step_durations(table, traces.step_spans)
+    slow = st.slow_steps(table, durations, top)
+    rank, busy_ratio, slowest_share = st.straggler(table, by_rank)
+    used = [p for p in PHASES if any(table.phases[p])]
+    wall = _wall_s(traces, metrics)
+    samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
+    tokens = sum(metrics.per_rank_total(sc.METRIC_TOKENS).values())
+    return Report(
+        run_id=",".join(sorted(traces.run_ids)) or run_dir.name,
+        world_size=traces.world_size or len(by_rank),
+        ranks=list(by_rank), sampled_steps=len(durations),
+        trained_steps=_trained_steps(metrics), wall_s=wall, phases=used,
+        rank_rows=st.rank_breakdowns(table, by_rank), straggler=rank,
+        straggler_busy_ratio=busy_ratio, straggler_slowest_share=slowest_share,
+        slow_steps=slow, timelines=_timelines(run_dir, traces, slow[:timelines]),
+        over_time=st.over_time(table), collectives=_collectives(traces, metrics),
+        compile=_compile(traces, metrics), resources=_resources(metrics),
+        samples_per_s=samples / wall if samples and wall else None,
+        tokens_per_s=tokens / wall if tokens and wall else None,
+        dropped={str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
+                 for p in metrics.series(sc.METRIC_TELEMETRY_DROPPED)},
+    )
+
+
+def _wall_s(traces: TraceDigest, metrics: MetricsDigest) -> float:
+    if traces.run_spans:
+        starts, ends = zip(*traces.run_spans.values(), strict=True)
+        return (max(ends) - min(starts)) / 1e9
+    return metrics.window_s()
+
+
+def _trained_steps(metrics: MetricsDigest) -> int | None:
+    counts = [p.count for p in metrics.series(sc.METRIC_STEP_DURATION)]
+    return max(counts) if counts else None
+
+
+def _timelines(run_dir: Path, traces: TraceDigest, slow: list[SlowStep]) -> list[StepTimeline]:
+    trace_of = {step: traces.step_trace.get(step) for step in (s.step for s in slow)}
+    spans = spans_of_traces(run_dir, {t for t in trace_of.values() if t})
+    by_trace: dict[str, list[Span]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    return [_timeline(s, by_trace.get(trace_of[s.step] or "", [])) for s in slow]
+
+
+def _timeline(slow: SlowStep, spans: list[Span]) -> StepTimeline:
+    origin = min((s.start_ns for s in spans), default=0)
+    bars = []
+    for span in spans:
+        kind = SPAN_PHASE.get(span.name, "collective" if span.name == sc.SPAN_COLLECTIVE else "")
+        if not kind:
+            continue
+        rank = int(span.attributes.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0)))
+        label = str(span.attributes.get(sc.ATTR_COLLECTIVE_OP, span.name))
+        bars.append(Bar(rank, kind, label, (span.start_ns - origin) / 1e9,
+                        (span.end_ns - origin) / 1e9))
+    bars.sort(key=lambda b: (b.rank, b.start_s))
+    return StepTimeline(slow.step, slow.duration_s, bars)
+
+
+def _collectives(traces: TraceDigest, metrics: MetricsDigest) -> list[CollectiveRow]:
+    if traces.collectives:
+        return [CollectiveRow(op, t.count, t.total_s, t.bytes,
+                              t.bw_sum / t.bw_count if t.bw_count else None,
+                              t.bw_max if t.bw_count else None)
+                for op, t in sorted(traces.collectives.items())]
+    rows: dict[str, CollectiveRow] = {}
+    for point in metrics.series(sc.METRIC_COLLECTIVE_DURATION):
+        op = str(point.attributes.get(sc.ATTR_COLLECTIVE_OP, "unknown"))
+        row = rows.setdefault(op, CollectiveRow(op, 0, 0.0, 0, None, None))
+        row.count += point.count
+        row.total_s += point.value
+    for point in metrics.series(sc.METRIC_COLLECTIVE_SIZE):
+        op = str(point.attributes.get(sc.ATTR_COLLECTIVE_OP, "unknown"))
+        rows.setdefault(op, CollectiveRow(op, 0, 0.0, 0, None, None)).bytes += int(point.value)
+    return sorted(rows.values(), key=lambda r: r.op)
+
+
+def _compile(traces: TraceDigest, metrics: MetricsDigest) -> CompileSummary:
+    tally = traces.compiles
+    summary = CompileSummary(tally.count, tally.total_s, tally.graph_breaks, 0, dict(tally.reasons))
+    recompiles = metrics.per_rank_total(sc.METRIC_COMPILE_RECOMPILES)
+    summary.recompiles = int(sum(recompiles.values()))
+    if not tally.count:  # no compile spans: the counters, summed over ranks like the spans
+        for point in metrics.series(sc.METRIC_COMPILE_DURATION):
+            summary.compilations += point.count
+            summary.total_s += point.value
+        breaks = metrics.per_rank_total(sc.METRIC_COMPILE_GRAPH_BREAKS)
+        summary.graph_breaks = int(sum(breaks.values()))
+    return summary
+
+
+def _resources(metrics: MetricsDigest) -> list[RankResources]:
+    columns = {
+        "memory_peak_bytes": metrics.per_rank_total(sc.METRIC_MEMORY_ALLOCATED_PEAK),
+        "memory_reserved_bytes": metrics.per_rank_total(sc.METRIC_MEMORY_RESERVED),
+        "comm_overlap": metrics.per_rank_total(sc.METRIC_COMM_OVERLAP),
+        "cpu_throttled_s": metrics.per_rank_total(sc.METRIC_CPU_THROTTLED_TIME),
+    }
+    ranks = sorted({r for column in columns.values() for r in column})
+    return [RankResources(rank, **{k: v.get(rank) for k, v in columns.items()}) for rank in ranks]

@@ -1,0 +1,47 @@
+"""``otel-train report RUN``: where the step time went, from exported telemetry."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from otel_train.analysis.build import build_report
+from otel_train.analysis.terminal import render_terminal
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "report", help="attribution report of a run's exported telemetry",
+        description="Where did the step time go? Reads a run directory (the embedded "
+                    "exporter's, or the collector file exporter's output).")
+    parser.add_argument("run", type=Path, help="run directory (or the root holding runs: "
+                        "the newest is read)")
+    parser.add_argument("--top", type=int, default=10, help="slowest steps to list")
+    parser.add_argument("--timelines", type=int, default=3,
+                        help="slowest steps drawn as timelines in --html")
+    parser.add_argument("--html", type=Path, metavar="FILE", help="also write one "
+                        "self-contained HTML file with the plots")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON only")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = build_report(args.run, top=args.top, timelines=args.timelines)
+    except FileNotFoundError as err:
+        print(f"otel-train report: {err}", file=sys.stderr)
+        return 2
+    if args.html:
+        from otel_train.analysis.html import render_html
+
+        args.html.write_text(render_html(report), encoding="utf-8")
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        render_terminal(report)
+        if args.html:
+            print(f"wrote {args.html}")
+    return 0

@@ -1,0 +1,75 @@
+"""The metrics files reduced to their final cumulative values and the exemplars they carried.
+
+Exports are cumulative snapshots, so the newest point of each series is its total; exemplars
+are per collection interval, so every one seen is kept (a handful per export).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otel_train import semconv as sc
+from otel_train.analysis.otlp import MetricPoint, iter_metric_points, signal_files
+
+SeriesKey = tuple[str, int | None, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    metric: str
+    rank: int | None
+    trace_id: str
+    span_id: str
+    value: float
+
+
+@dataclass
+class MetricsDigest:
+    last: dict[SeriesKey, MetricPoint] = field(default_factory=dict)
+    exemplars: list[Exemplar] = field(default_factory=list)
+    histogram_points: int = 0
+    points_without_rank: dict[str, int] = field(default_factory=dict)
+
+    def add(self, point: MetricPoint) -> None:
+        labels = tuple(sorted((k, str(v)) for k, v in point.attributes.items()
+                              if k not in (sc.ATTR_RANK, sc.ATTR_RUN_ID)))
+        key = (point.name, point.rank, labels)
+        known = self.last.get(key)
+        if known is None or point.time_ns >= known.time_ns:
+            self.last[key] = point
+        if point.name.startswith("training.") and sc.ATTR_RANK not in point.attributes:
+            self.points_without_rank[point.name] = self.points_without_rank.get(point.name, 0) + 1
+        if point.kind == "histogram":
+            self.histogram_points += 1
+            for raw in point.exemplars:
+                value = raw.get("asDouble", raw.get("asInt", 0))
+                self.exemplars.append(Exemplar(point.name, point.rank, raw.get("traceId", ""),
+                                               raw.get("spanId", ""), float(value)))
+
+    def series(self, name: str) -> list[MetricPoint]:
+        return [p for (n, _, _), p in self.last.items() if n == name]
+
+    def per_rank_total(self, name: str) -> dict[int, float]:
+        """Sum over label sets of the final value (or histogram sum) of ``name`` per rank."""
+        totals: dict[int, float] = {}
+        for point in self.series(name):
+            rank = -1 if point.rank is None else point.rank
+            totals[rank] = totals.get(rank, 0.0) + point.value
+        return totals
+
+    def names(self) -> set[str]:
+        return {name for name, _, _ in self.last}
+
+    def window_s(self) -> float:
+        """Seconds between the first start and the last point: the run's metric window."""
+        starts = [p.start_ns for p in self.last.values() if p.start_ns]
+        ends = [p.time_ns for p in self.last.values() if p.time_ns]
+        return (max(ends) - min(starts)) / 1e9 if starts and ends else 0.0
+
+
+def read_metrics(run_dir: Path) -> MetricsDigest:
+    digest = MetricsDigest()
+    for point in iter_metric_points(signal_files(run_dir, sc.METRICS_GLOB)):
+        digest.add(point)
+    return digest

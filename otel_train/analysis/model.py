@@ -1,0 +1,117 @@
+"""What a report says, as plain data: the terminal, HTML and JSON renderers all read this."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class RankBreakdown:
+    rank: int
+    steps: int
+    median_s: float
+    p95_s: float
+    max_s: float
+    phase_mean_s: dict[str, float]  # mean seconds per step in each phase
+    quantiles_s: list[float]  # min, p25, p50, p75, p95, max of step time
+
+
+@dataclass
+class SlowStep:
+    step: int
+    duration_s: float
+    rank: int
+    phase: str
+    phase_s: float
+    share: float  # phase_s / duration_s
+
+    @property
+    def cause(self) -> str:
+        return (f"step {self.step}: rank {self.rank} {self.phase.replace('_', ' ')} "
+                f"{self.phase_s:.3g} s, {self.share:.0%} of step")
+
+
+@dataclass
+class Bar:
+    """One span on the timeline, seconds from its step's start."""
+
+    rank: int
+    kind: str  # a phase name, or "collective"
+    label: str
+    start_s: float
+    end_s: float
+
+
+@dataclass
+class StepTimeline:
+    step: int
+    duration_s: float
+    bars: list[Bar]
+
+
+@dataclass
+class TimeBin:
+    first_step: int
+    last_step: int
+    step_mean_s: float
+    phase_mean_s: dict[str, float]
+
+
+@dataclass
+class CollectiveRow:
+    op: str
+    count: int
+    total_s: float
+    bytes: int
+    mean_bus_bw_gbps: float | None
+    max_bus_bw_gbps: float | None
+
+
+@dataclass
+class CompileSummary:
+    compilations: int = 0
+    total_s: float = 0.0
+    graph_breaks: int = 0
+    recompiles: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RankResources:
+    rank: int
+    memory_peak_bytes: float | None = None
+    memory_reserved_bytes: float | None = None
+    comm_overlap: float | None = None
+    cpu_throttled_s: float | None = None
+
+
+@dataclass
+class Report:
+    run_id: str
+    world_size: int
+    ranks: list[int]
+    sampled_steps: int
+    trained_steps: int | None
+    wall_s: float
+    phases: list[str]
+    rank_rows: list[RankBreakdown]
+    straggler: int | None
+    straggler_busy_ratio: float | None
+    straggler_slowest_share: float | None
+    slow_steps: list[SlowStep]
+    timelines: list[StepTimeline]
+    over_time: list[TimeBin]
+    collectives: list[CollectiveRow]
+    compile: CompileSummary
+    resources: list[RankResources]
+    samples_per_s: float | None
+    tokens_per_s: float | None
+    dropped: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        for row, slow in zip(data["slow_steps"], self.slow_steps, strict=True):
+            row["cause"] = slow.cause
+        return data

@@ -1,0 +1,210 @@
+"""Streaming reader of OTLP JSON lines: the embedded exporter's run directory and the
+collector file exporter's output read the same.
+
+Every line of a ``traces*.jsonl``, ``metrics*.jsonl`` or ``logs*.jsonl`` file is one OTLP
+export request. The readers here yield one flat record at a time and never hold more than
+one line, so memory stays bounded however long the run was.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_train import semconv
+
+
+def decode_value(value: dict[str, Any]) -> Any:
+    """The Python value of one OTLP ``AnyValue`` (ints arrive as strings in OTLP JSON)."""
+    if "stringValue" in value:
+        return value["stringValue"]
+    if "intValue" in value:
+        return int(value["intValue"])
+    if "doubleValue" in value:
+        return float(value["doubleValue"])
+    if "boolValue" in value:
+        return bool(value["boolValue"])
+    if "arrayValue" in value:
+        return [decode_value(v) for v in value["arrayValue"].get("values", [])]
+    if "kvlistValue" in value:
+        return decode_attributes(value["kvlistValue"].get("values", []))
+    return None
+
+
+def decode_attributes(attributes: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
+    return {a["key"]: decode_value(a.get("value", {})) for a in attributes or ()}
+
+
+def signal_files(run_dir: Path, pattern: str) -> list[Path]:
+    """The files of one signal (``semconv.TRACES_GLOB`` ...), rank files in rank order."""
+    return sorted(Path(run_dir).glob(pattern))
+
+
+def iter_requests(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
+    """One decoded export request per non-empty line; a torn last line is skipped."""
+    for path in paths:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                if not line.strip():
+                    continue
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a writer killed mid-line leaves one partial line
+
+
+@dataclass(slots=True)
+class Span:
+    name: str
+    trace_id: str
+    span_id: str
+    parent_id: str
+    start_ns: int
+    end_ns: int
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    links: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
+               line_filter: tuple[str, ...] | None = None) -> Iterator[Span]:
+    """Spans of the given files; ``names`` keeps only those names (attributes of the others
+    are never decoded); ``line_filter`` skips lines that contain none of those strings."""
+    for request in _filtered_requests(paths, line_filter):
+        for resource_spans in request.get("resourceSpans", ()):
+            resource = decode_attributes(resource_spans.get("resource", {}).get("attributes"))
+            for scope_spans in resource_spans.get("scopeSpans", ()):
+                for raw in scope_spans.get("spans", ()):
+                    if names is None or raw.get("name") in names:
+                        yield _span(raw, resource)
+
+
+def _filtered_requests(paths: Iterable[Path],
+                       needles: tuple[str, ...] | None) -> Iterator[dict[str, Any]]:
+    if needles is None:
+        yield from iter_requests(paths)
+        return
+    for path in paths:
+        with open(path, encoding="utf-8") as lines:
+            for line in lines:
+                if any(needle in line for needle in needles):
+                    try:
+                        yield json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+
+
+def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
+    return Span(
+        name=raw.get("name", ""),
+        trace_id=raw.get("traceId", ""),
+        span_id=raw.get("spanId", ""),
+        parent_id=raw.get("parentSpanId", "") or "",
+        start_ns=int(raw.get("startTimeUnixNano", 0)),
+        end_ns=int(raw.get("endTimeUnixNano", 0)),
+        attributes=decode_attributes(raw.get("attributes")),
+        resource=resource,
+        links=[(lk.get("traceId", ""), lk.get("spanId", "")) for lk in raw.get("links", ())],
+    )
+
+
+@dataclass(slots=True)
+class MetricPoint:
+    """One data point of one metric in one export; ``kind`` is histogram, sum or gauge."""
+
+    name: str
+    kind: str
+    unit: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+    time_ns: int
+    start_ns: int
+    value: float = 0.0
+    count: int = 0
+    bucket_counts: list[int] = field(default_factory=list)
+    bounds: list[float] = field(default_factory=list)
+    exemplars: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rank(self) -> int | None:
+        rank = self.attributes.get(semconv.ATTR_RANK, self.resource.get(semconv.RES_RANK))
+        return None if rank is None else int(rank)
+
+
+def iter_metric_points(paths: Iterable[Path]) -> Iterator[MetricPoint]:
+    for request in iter_requests(paths):
+        for resource_metrics in request.get("resourceMetrics", ()):
+            resource = decode_attributes(resource_metrics.get("resource", {}).get("attributes"))
+            for scope_metrics in resource_metrics.get("scopeMetrics", ()):
+                for metric in scope_metrics.get("metrics", ()):
+                    yield from _points(metric, resource)
+
+
+def _points(metric: dict[str, Any], resource: dict[str, Any]) -> Iterator[MetricPoint]:
+    for kind in ("histogram", "sum", "gauge"):
+        if kind in metric:
+            break
+    else:
+        return  # exponential histograms and summaries are not part of the contract
+    for raw in metric[kind].get("dataPoints", ()):
+        point = MetricPoint(
+            name=metric.get("name", ""), kind=kind, unit=metric.get("unit", ""),
+            attributes=decode_attributes(raw.get("attributes")), resource=resource,
+            time_ns=int(raw.get("timeUnixNano", 0)), start_ns=int(raw.get("startTimeUnixNano", 0)),
+            exemplars=raw.get("exemplars", []),
+        )
+        if kind == "histogram":
+            point.value = float(raw.get("sum", 0.0))
+            point.count = int(raw.get("count", 0))
+            point.bucket_counts = [int(c) for c in raw.get("bucketCounts", ())]
+            point.bounds = [float(b) for b in raw.get("explicitBounds", ())]
+        else:
+            point.value = float(raw["asDouble"] if "asDouble" in raw else raw.get("asInt", 0))
+        yield point
+
+
+@dataclass(slots=True)
+class LogRecord:
+    time_ns: int
+    severity: str
+    body: Any
+    trace_id: str
+    span_id: str
+    attributes: dict[str, Any]
+    resource: dict[str, Any]
+
+
+def iter_log_records(paths: Iterable[Path]) -> Iterator[LogRecord]:
+    for request in iter_requests(paths):
+        for resource_logs in request.get("resourceLogs", ()):
+            resource = decode_attributes(resource_logs.get("resource", {}).get("attributes"))
+            for scope_logs in resource_logs.get("scopeLogs", ()):
+                for raw in scope_logs.get("logRecords", ()):
+                    yield LogRecord(
+                        time_ns=int(raw.get("timeUnixNano", 0) or raw.get("observedTimeUnixNano", 0)),
+                        severity=raw.get("severityText", ""),
+                        body=decode_value(raw.get("body", {})),
+                        trace_id=raw.get("traceId", "") or "",
+                        span_id=raw.get("spanId", "") or "",
+                        attributes=decode_attributes(raw.get("attributes")),
+                        resource=resource,
+                    )
+
+
+def resolve_run_dir(path: Path) -> Path:
+    """``path`` itself when it holds telemetry, else its newest run subdirectory."""
+    path = Path(path)
+    if signal_files(path, semconv.TRACES_GLOB) or signal_files(path, semconv.METRICS_GLOB):
+        return path
+    runs = [d for d in path.iterdir() if d.is_dir() and signal_files(d, semconv.TRACES_GLOB)] \
+        if path.is_dir() else []
+    if not runs:
+        raise FileNotFoundError(f"no {semconv.TRACES_GLOB} or {semconv.METRICS_GLOB} in {path}")
+    return max(runs, key=lambda d: d.stat().st_mtime)

@@ -1,0 +1,123 @@
+"""Where the step time went: per-rank breakdowns, the straggler, the slowest steps' causes
+and the breakdown over time, all computed from the step table of pass one."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import median
+
+from otel_train import semconv as sc
+from otel_train.analysis.model import RankBreakdown, SlowStep, TimeBin
+from otel_train.analysis.traces import StepTable
+
+#: waiting for other ranks is a symptom, never the cause of a slow step
+NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM})
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    if not ordered:
+        return 0.0
+    position = q * (len(ordered) - 1)
+    low = int(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def rows_by_rank(table: StepTable) -> dict[int, list[int]]:
+    rows: dict[int, list[int]] = defaultdict(list)
+    for index, rank in enumerate(table.ranks):
+        rows[rank].append(index)
+    return dict(sorted(rows.items()))
+
+
+def rank_breakdowns(table: StepTable, by_rank: dict[int, list[int]]) -> list[RankBreakdown]:
+    out = []
+    for rank, rows in by_rank.items():
+        ordered = sorted(table.durations[i] for i in rows)
+        out.append(RankBreakdown(
+            rank=rank, steps=len(rows), median_s=quantile(ordered, 0.5),
+            p95_s=quantile(ordered, 0.95), max_s=ordered[-1],
+            phase_mean_s={p: sum(col[i] for i in rows) / len(rows)
+                          for p, col in table.phases.items()},
+            quantiles_s=[quantile(ordered, q) for q in (0, 0.25, 0.5, 0.75, 0.95, 1)],
+        ))
+    return out
+
+
+def step_durations(table: StepTable, step_spans: dict[int, tuple[str, float]]) -> dict[int, float]:
+    """A step's duration: its ``train.step`` span, else its slowest rank's step."""
+    durations: dict[int, float] = {}
+    for step, seconds in zip(table.steps, table.durations, strict=True):
+        durations[step] = max(durations.get(step, 0.0), seconds)
+    for step, (_, seconds) in step_spans.items():
+        durations[step] = seconds
+    return durations
+
+
+def typical_phase_s(table: StepTable) -> dict[str, float]:
+    return {p: median(col) if col else 0.0 for p, col in table.phases.items()}
+
+
+def slow_steps(table: StepTable, durations: dict[int, float], top: int) -> list[SlowStep]:
+    """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical."""
+    slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
+    wanted = set(slowest)
+    rows: dict[int, list[int]] = defaultdict(list)
+    for index, step in enumerate(table.steps):
+        if step in wanted:
+            rows[step].append(index)
+    typical = typical_phase_s(table)
+    out = []
+    for step in slowest:
+        best = (-1.0, 0, sc.PHASE_DATA_WAIT, 0.0)
+        for index in rows.get(step, ()):
+            for phase, col in table.phases.items():
+                excess = col[index] - typical[phase]
+                if phase not in NOT_A_CAUSE and excess > best[0]:
+                    best = (excess, table.ranks[index], phase, col[index])
+        _, rank, phase, seconds = best
+        duration = durations[step]
+        out.append(SlowStep(step, duration, rank, phase, seconds,
+                            seconds / duration if duration else 0.0))
+    return out
+
+
+def busy_s(table: StepTable, index: int) -> float:
+    """A rank's own work in a step: the step less the time it waited for the others."""
+    return table.durations[index] - table.phases[sc.PHASE_EXPOSED_COMM][index]
+
+
+def straggler(table: StepTable, by_rank: dict[int, list[int]]
+              ) -> tuple[int | None, float | None, float | None]:
+    """(rank, its mean busy time over the median rank's, share of steps it was slowest in)."""
+    if len(by_rank) < 2:
+        return None, None, None
+    mean_busy = {r: sum(busy_s(table, i) for i in rows) / len(rows) for r, rows in by_rank.items()}
+    slowest_of_step: dict[int, tuple[float, int]] = {}
+    for index, step in enumerate(table.steps):
+        busy = busy_s(table, index)
+        if busy > slowest_of_step.get(step, (-1.0, -1))[0]:
+            slowest_of_step[step] = (busy, table.ranks[index])
+    rank = max(mean_busy, key=lambda r: mean_busy[r])
+    typical = median(mean_busy.values())
+    share = sum(1 for _, r in slowest_of_step.values() if r == rank) / len(slowest_of_step)
+    return rank, (mean_busy[rank] / typical if typical else None), share
+
+
+def over_time(table: StepTable, bins: int = 40) -> list[TimeBin]:
+    """Mean step and phase times per bin of consecutive sampled steps."""
+    if not len(table):
+        return []
+    first, last = min(table.steps), max(table.steps)
+    width = max(1, -(-(last - first + 1) // bins))
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0] * (len(table.phases) + 2))
+    names = list(table.phases)
+    for index, step in enumerate(table.steps):
+        acc = sums[(step - first) // width]
+        acc[0] += 1
+        acc[1] += table.durations[index]
+        for k, phase in enumerate(names):
+            acc[k + 2] += table.phases[phase][index]
+    return [TimeBin(first + b * width, min(last, first + (b + 1) * width - 1), acc[1] / acc[0],
+                    {p: acc[k + 2] / acc[0] for k, p in enumerate(names)})
+            for b, acc in sorted(sums.items())]

@@ -1,0 +1,215 @@
+"""Settings of one instrumented run: arguments first, then ``OTEL_TRAIN_*`` and ``OTEL_*``.
+
+A bad value never stops training: it gives one :class:`ConfigWarning` naming the variable,
+the value and the default used instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from opentelemetry.sdk.trace import sampling
+
+from otel_train import semconv
+
+T = TypeVar("T")
+
+EXPORTERS = ("auto", "otlp", "file", "none")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+_SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+
+
+class ConfigWarning(UserWarning):
+    """A setting had a bad value; a safe default was used instead."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Everything an instrumented run can be told. Build it with :func:`load`."""
+
+    service_name: str = semconv.SERVICE_NAME_DEFAULT
+    #: where the embedded default writes ``<run id>/`` directories
+    output_dir: Path = Path(semconv.OUTPUT_DIR_DEFAULT)
+    #: auto: OTLP when an ``OTEL_EXPORTER_OTLP_*ENDPOINT`` is set, else files
+    exporter: str = "auto"
+    #: a fixed run id (otherwise the launcher's, otherwise one broadcast by rank 0)
+    run_id: str | None = None
+    #: the hot-path buffer's capacity in records; beyond it records are dropped and counted
+    queue_size: int = 65536
+    #: how often the background emitter wakes to drain the buffer
+    emit_interval_s: float = 0.2
+    #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
+    shutdown_timeout_s: float = 10.0
+    #: per-rank Prometheus endpoint: port of local rank 0 (rank r serves on port + r); None: off
+    prometheus_port: int | None = None
+    prometheus_addr: str = "127.0.0.1"
+    #: level of otel-train's own JSON log lines on stderr
+    console_log_level: str = "info"
+    #: bridge the standard library's logging records (and structlog's) into OTel logs
+    capture_logs: bool = True
+    #: OTEL_TRACES_SAMPLER name and argument (a trace-id ratio is consistent across ranks)
+    sampler_name: str = "parentbased_always_on"
+    sampler_arg: float = 1.0
+    samples_per_step: int | None = None
+    tokens_per_step: int | None = None
+
+    def sampler(self) -> sampling.Sampler:
+        """The OpenTelemetry sampler these settings name."""
+        if self.sampler_name.endswith("traceidratio"):
+            ratio = sampling.TraceIdRatioBased(self.sampler_arg)
+            if self.sampler_name.startswith("parentbased"):
+                return sampling.ParentBased(ratio)
+            return ratio
+        return {
+            "always_on": sampling.ALWAYS_ON,
+            "always_off": sampling.ALWAYS_OFF,
+            "parentbased_always_on": sampling.ParentBased(sampling.ALWAYS_ON),
+            "parentbased_always_off": sampling.ParentBased(sampling.ALWAYS_OFF),
+        }[self.sampler_name]
+
+
+def _warn(name: str, value: object, why: str, default: object) -> None:
+    warnings.warn(
+        f"otel-train: {name}={value!r} is invalid ({why}); using {default!r}",
+        ConfigWarning,
+        stacklevel=4,
+    )
+
+
+def _parse(
+    env: Mapping[str, str], name: str, convert: Callable[[str], T], default: T, why: str
+) -> T:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return convert(raw.strip())
+    except (ValueError, TypeError):
+        _warn(name, raw, why, default)
+        return default
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _port(raw: str) -> int:
+    value = int(raw)
+    if not 0 < value < 65536:
+        raise ValueError(raw)
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def convert(raw: str) -> str:
+        if raw.lower() not in options:
+            raise ValueError(raw)
+        return raw.lower()
+
+    return convert
+
+
+def _bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def _ratio(raw: str) -> float:
+    value = float(raw)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(raw)
+    return value
+
+
+def _run_id(raw: str) -> str:
+    # The run id names a directory and goes into every span: keep it a plain token.
+    if len(raw) > 128 or not all(c.isalnum() or c in "-_." for c in raw) or raw in (".", ".."):
+        raise ValueError(raw)
+    return raw
+
+
+def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The settings the environment gives, as keyword arguments of :class:`Config`."""
+    env = os.environ if env is None else env
+    d = Config()
+    found: dict[str, Any] = {
+        "output_dir": Path(env.get("OTEL_TRAIN_OUTPUT_DIR") or d.output_dir),
+        "exporter": _parse(env, "OTEL_TRAIN_EXPORTER", _choice(EXPORTERS), d.exporter,
+                           f"one of {', '.join(EXPORTERS)}"),
+        "run_id": _parse(env, "OTEL_TRAIN_RUN_ID", _run_id, None,
+                         "letters, digits, '-', '_', '.', at most 128"),
+        "queue_size": _parse(env, "OTEL_TRAIN_QUEUE_SIZE", _positive_int, d.queue_size,
+                             "a positive integer"),
+        "emit_interval_s": _parse(env, "OTEL_TRAIN_EMIT_INTERVAL_MS",
+                                  lambda r: _positive_float(r) / 1000, d.emit_interval_s,
+                                  "a positive number of milliseconds"),
+        "shutdown_timeout_s": _parse(env, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", _positive_float,
+                                     d.shutdown_timeout_s, "a positive number of seconds"),
+        "prometheus_port": _parse(env, "OTEL_TRAIN_PROMETHEUS_PORT", _port, None,
+                                  "a TCP port, 1-65535"),
+        "prometheus_addr": env.get("OTEL_TRAIN_PROMETHEUS_ADDR") or d.prometheus_addr,
+        "console_log_level": _parse(env, "OTEL_TRAIN_LOG_LEVEL", _choice(LOG_LEVELS),
+                                    d.console_log_level, f"one of {', '.join(LOG_LEVELS)}"),
+        "capture_logs": _parse(env, "OTEL_TRAIN_CAPTURE_LOGS", _bool, d.capture_logs,
+                               "true or false"),
+        "sampler_name": _parse(env, "OTEL_TRACES_SAMPLER", _choice(_SAMPLERS), d.sampler_name,
+                               f"one of {', '.join(_SAMPLERS)}"),
+    }
+    if env.get("OTEL_SERVICE_NAME"):
+        found["service_name"] = env["OTEL_SERVICE_NAME"]
+    if found["sampler_name"].endswith("traceidratio"):
+        found["sampler_arg"] = _parse(env, "OTEL_TRACES_SAMPLER_ARG", _ratio, 1.0,
+                                      "a ratio between 0 and 1")
+    return found
+
+
+def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Settings from the environment with ``overrides`` (arguments; ``None`` = unset) on top."""
+    values = from_env(env)
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise TypeError(f"unknown otel-train setting(s): {', '.join(sorted(unknown))}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if "output_dir" in values:
+        values["output_dir"] = Path(values["output_dir"])
+    return Config(**values)
+
+
+def otlp_endpoint_configured(env: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if env is None else env
+    return any(
+        env.get(name)
+        for name in (
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT",
+        )
+    )

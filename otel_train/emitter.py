@@ -1,0 +1,316 @@
+"""The background thread: records from the hot path become spans, metric points and logs.
+
+Everything OpenTelemetry happens here, off the training thread: span objects with explicit
+start and end times and preset ids, histogram points recorded in the context of the step's
+span (so trace-based exemplar filters keep them), log records with the ids the training
+thread stamped. Anything that goes wrong here is logged and counted, never raised.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry._logs import SeverityNumber
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+from otel_train import identity, semconv
+from otel_train.config import Config
+from otel_train.export.buckets import SECONDS_BUCKETS
+from otel_train.export.prometheus import PrometheusEndpoint
+from otel_train.export.providers import Pipeline
+from otel_train.identity import Identity
+from otel_train.recorder import EVENT, LOG, PHASE, STEP, Recorder
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SEVERITY = {
+    "debug": SeverityNumber.DEBUG, "info": SeverityNumber.INFO,
+    "warning": SeverityNumber.WARN, "warn": SeverityNumber.WARN,
+    "error": SeverityNumber.ERROR, "exception": SeverityNumber.ERROR,
+    "critical": SeverityNumber.FATAL,
+}
+
+
+@dataclasses.dataclass
+class StepInfo:
+    """One rank's finished step, as the emitter saw it; given to step listeners."""
+
+    step: int
+    start_ns: int  # wall clock (epoch) ns
+    end_ns: int
+    micro_batches: int
+    samples: int
+    tokens: int
+    phase_totals: dict[str, float]  # seconds
+    sampled: bool
+    trace_id: int
+    rank_step_context: SpanContext
+    #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end)
+    phase_spans: list[tuple[str, int, SpanContext, int, int]]
+
+
+def _attr_value(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if value is None:
+        return ""
+    return repr(value)[:4096]
+
+
+class Emitter:
+    def __init__(
+        self,
+        recorder: Recorder,
+        pipeline: Pipeline,
+        ident: Identity,
+        cfg: Config,
+        clock_offset_ns: int,
+        run_context: SpanContext,
+        launcher_context: SpanContext | None,
+        prometheus: PrometheusEndpoint | None = None,
+        console: Any = None,
+    ) -> None:
+        self.recorder = recorder
+        self.pipeline = pipeline
+        self.ident = ident
+        self.cfg = cfg
+        self.offset = clock_offset_ns  # perf_counter_ns + offset = epoch ns
+        self.run_context = run_context
+        self.launcher_context = launcher_context
+        self.prometheus = prometheus
+        self.console = console
+        self.sampler = cfg.sampler()
+        self.tracer = pipeline.tracer
+        self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
+        self._handlers: dict[str, Callable[[Any], None]] = {}
+        self._step_listeners: list[Callable[[StepInfo], None]] = []
+        self._reported_drops: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otel-train-emitter", daemon=True)
+        self.steps_emitted = 0
+        self.errors = 0
+        self._base_attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
+        self._make_instruments()
+
+    # --- instruments -----------------------------------------------------------------
+    def _make_instruments(self) -> None:
+        meter = self.pipeline.meter
+        self.step_hist = meter.create_histogram(
+            semconv.METRIC_STEP_DURATION, unit="s", description="Step time per rank.",
+            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        self.phase_hist = meter.create_histogram(
+            semconv.METRIC_PHASE_DURATION, unit="s",
+            description="Time per phase of a step, per rank.",
+            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        self.samples_ctr = meter.create_counter(semconv.METRIC_SAMPLES, unit="{sample}",
+                                                description="Samples trained.")
+        self.tokens_ctr = meter.create_counter(semconv.METRIC_TOKENS, unit="{token}",
+                                               description="Tokens trained.")
+        self.dropped_ctr = meter.create_counter(
+            semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
+            description="Telemetry otel-train had to drop, by signal.")
+        for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
+            # a zero point for each signal, so "nothing dropped" is a fact, not a gap
+            self.dropped_ctr.add(0, {**self._base_attrs, semconv.ATTR_SIGNAL: signal})
+
+    # --- extension points for sources/ -----------------------------------------------
+    def on_event(self, source: str, handler: Callable[[Any], None]) -> None:
+        """Handle ``(EVENT, source, payload)`` records put by a source module."""
+        self._handlers[source] = handler
+
+    def on_step(self, listener: Callable[[StepInfo], None]) -> None:
+        """Called with each finished step, after its spans are built."""
+        self._step_listeners.append(listener)
+
+    # --- thread ----------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float) -> None:
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.cfg.emit_interval_s):
+            self.pump()
+        self.pump()
+
+    def pump(self) -> None:
+        for record in self.recorder.drain():
+            try:
+                self._dispatch(record)
+            except Exception as err:  # never let one bad record stop the emitter
+                self.errors += 1
+                if self.console is not None and self.errors <= 5:
+                    self.console.warning("otel_train.emitter_error", error=repr(err),
+                                         record_kind=record[0])
+        self.report_drops()
+
+    def _dispatch(self, record: tuple[Any, ...]) -> None:
+        kind = record[0]
+        if kind == PHASE:
+            self._phases[record[1]].append(record)
+        elif kind == STEP:
+            self._emit_step(*record[1:])
+        elif kind == LOG:
+            self._emit_log(*record[1:])
+        elif kind == EVENT:
+            handler = self._handlers.get(record[1])
+            if handler is not None:
+                handler(record[2])
+
+    # --- steps -----------------------------------------------------------------------
+    def sampled(self, trace_id: int) -> bool:
+        result = self.sampler.should_sample(None, trace_id, semconv.SPAN_STEP)
+        return result.decision.is_sampled()
+
+    def wall(self, perf_ns: int) -> int:
+        return perf_ns + self.offset
+
+    def _emit_step(self, step: int, start: int, end: int, micro_batches: int, samples: int,
+                   tokens: int) -> None:
+        ident = self.ident
+        phases = self._phases.pop(step, [])
+        totals: dict[str, float] = {}
+        for _, _, phase, _, p_start, p_end, _ in phases:
+            totals[phase] = totals.get(phase, 0.0) + (p_end - p_start) / 1e9
+        duration_s = (end - start) / 1e9
+        trace_id = identity.step_trace_id(ident.run_id, step)
+        sampled = self.sampled(trace_id)
+        rank_ctx = SpanContext(trace_id, identity.rank_step_span_id(ident.run_id, step, ident.rank),
+                               is_remote=False, trace_flags=_SAMPLED if sampled else TraceFlags(0))
+        info = StepInfo(step, self.wall(start), self.wall(end), micro_batches, samples, tokens,
+                        totals, sampled, trace_id, rank_ctx, [])
+        if sampled:
+            self._step_spans(info, phases)
+        self._step_metrics(info, duration_s)
+        for listener in self._step_listeners:
+            listener(info)
+        if self.console is not None:
+            self.console.debug("train.step.end", trace_id=f"{trace_id:032x}",
+                               span_id=f"{rank_ctx.span_id:016x}", step=step,
+                               phase="step", duration_ms=round(duration_s * 1e3, 3))
+        if sampled:
+            self._otel_log(info.end_ns, "info", "train.step.end", {
+                semconv.LOG_STEP: step, semconv.LOG_PHASE: "step",
+                semconv.LOG_DURATION_MS: duration_s * 1e3,
+                **{f"{p}_ms": s * 1e3 for p, s in totals.items()},
+            }, trace_id, rank_ctx.span_id)
+        self.steps_emitted += 1
+
+    def _links(self) -> list[Link]:
+        links = [Link(self.run_context)]
+        if self.launcher_context is not None:
+            links.append(Link(self.launcher_context))
+        return links
+
+    def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
+             attributes: dict[str, Any], span_id: int = 0, trace_id: int = 0,
+             links: list[Link] | None = None, error: str | None = None) -> SpanContext:
+        """Create and end one span with explicit times and (optionally) preset ids."""
+        ids = self.pipeline.ids
+        ids.next_span_id, ids.next_trace_id = span_id, trace_id
+        ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
+               else otel_context.Context())
+        span = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL,
+                                      attributes=attributes, links=links, start_time=start_ns)
+        if error:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        span.end(end_time=max(end_ns, start_ns))
+        return span.get_span_context()
+
+    def _step_spans(self, info: StepInfo, phases: list[tuple[Any, ...]]) -> None:
+        ident = self.ident
+        step_attrs = {semconv.ATTR_STEP: info.step, semconv.ATTR_RUN_ID: ident.run_id,
+                      semconv.ATTR_WORLD_SIZE: ident.world_size}
+        root_id = identity.step_span_id(ident.run_id, info.step)
+        if ident.rank == 0:
+            self.span(semconv.SPAN_STEP, None, info.start_ns, info.end_ns, step_attrs,
+                      span_id=root_id, trace_id=info.trace_id, links=self._links())
+        root_ctx = SpanContext(info.trace_id, root_id, is_remote=True, trace_flags=_SAMPLED)
+        rank_attrs = {
+            **step_attrs,
+            semconv.ATTR_RANK: ident.rank,
+            semconv.ATTR_MICRO_BATCHES: info.micro_batches,
+            semconv.ATTR_STEP_DURATION: (info.end_ns - info.start_ns) / 1e9,
+            semconv.ATTR_SAMPLES: info.samples,
+            semconv.ATTR_TOKENS: info.tokens,
+            **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in info.phase_totals.items()},
+        }
+        self.span(semconv.SPAN_RANK_STEP, root_ctx, info.start_ns, info.end_ns, rank_attrs,
+                  span_id=info.rank_step_context.span_id, links=self._links())
+        for _, step, phase, micro, p_start, p_end, span_id in phases:
+            start, end = self.wall(p_start), self.wall(p_end)
+            ctx = self.span(semconv.PHASE_SPAN[phase], info.rank_step_context, start, end, {
+                semconv.ATTR_STEP: step, semconv.ATTR_RANK: ident.rank,
+                semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_PHASE: phase,
+                semconv.ATTR_MICRO_BATCH: micro,
+            }, span_id=span_id)
+            info.phase_spans.append((phase, micro, ctx, start, end))
+
+    def exemplar_context(self, info: StepInfo) -> otel_context.Context | None:
+        if not info.sampled:
+            return None
+        return trace.set_span_in_context(NonRecordingSpan(info.rank_step_context))
+
+    def _step_metrics(self, info: StepInfo, duration_s: float) -> None:
+        ctx = self.exemplar_context(info)
+        attrs = self._base_attrs
+        self.step_hist.record(duration_s, attrs, context=ctx)
+        for phase, seconds in info.phase_totals.items():
+            self.phase_hist.record(seconds, {**attrs, semconv.ATTR_PHASE: phase}, context=ctx)
+        if info.samples:
+            self.samples_ctr.add(info.samples, attrs)
+        if info.tokens:
+            self.tokens_ctr.add(info.tokens, attrs)
+        if self.prometheus is not None:
+            exemplar = ({"trace_id": f"{info.trace_id:032x}",
+                         "span_id": f"{info.rank_step_context.span_id:016x}"}
+                        if info.sampled else None)
+            self.prometheus.observe_step(duration_s, info.phase_totals, info.samples,
+                                         info.tokens, exemplar)
+
+    # --- logs and drops --------------------------------------------------------------
+    def _emit_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any]) -> None:
+        trace_hex = fields.pop(semconv.LOG_TRACE_ID, None)
+        span_hex = fields.pop(semconv.LOG_SPAN_ID, None)
+        trace_id = int(trace_hex, 16) if isinstance(trace_hex, str) and trace_hex else 0
+        span_id = int(span_hex, 16) if isinstance(span_hex, str) and span_hex else 0
+        self._otel_log(time_ns, level, message, fields, trace_id, span_id)
+
+    def _otel_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any],
+                  trace_id: int, span_id: int) -> None:
+        attributes = {k: _attr_value(v) for k, v in fields.items() if k not in ("level",
+                                                                                  "timestamp")}
+        attributes.setdefault(semconv.LOG_RUN_ID, self.ident.run_id)
+        attributes.setdefault(semconv.LOG_RANK, self.ident.rank)
+        ctx = None
+        if trace_id and span_id:
+            flags = _SAMPLED if self.sampled(trace_id) else TraceFlags(0)
+            ctx = trace.set_span_in_context(
+                NonRecordingSpan(SpanContext(trace_id, span_id, False, flags)))
+        self.pipeline.otel_logger.emit(
+            timestamp=time_ns, observed_timestamp=time.time_ns(), context=ctx,
+            severity_number=_SEVERITY.get(level, SeverityNumber.INFO),
+            severity_text=level.upper(), body=message, attributes=attributes)
+
+    def total_dropped(self) -> collections.Counter[str]:
+        total = collections.Counter(self.recorder.dropped)
+        total.update(self.pipeline.dropped)
+        return total
+
+    def report_drops(self) -> None:
+        """Bring the dropped counter up to date with what the recorder and exporters lost."""
+        for signal, count in self.total_dropped().items():
+            delta = count - self._reported_drops[signal]
+            if delta > 0:
+                self._reported_drops[signal] = count
+                self.dropped_ctr.add(delta, {**self._base_attrs, semconv.ATTR_SIGNAL: signal})
+                if self.prometheus is not None:
+                    self.prometheus.add_dropped(signal, delta)

@@ -1,0 +1,205 @@
+"""Logs with the ids of the span they were written in, bridged into OpenTelemetry logs.
+
+Why not the SDK's ``LoggingHandler``: it is deprecated since OpenTelemetry Python 1.40 (its
+successor in ``opentelemetry-instrumentation-logging`` is pre-release only), it builds OTel
+objects on the calling thread, and it takes trace ids from the OTel context, which is empty
+on the training thread because otel-train creates spans later, off-thread. Instead:
+
+- a log-record factory stamps every stdlib ``LogRecord`` with ``trace_id``, ``span_id``,
+  ``run_id``, ``rank`` and ``step`` (hex ids, usable in any formatter);
+- a handler on the root logger appends each record to the hot-path buffer; the emitter
+  turns it into an OTel log record with those ids;
+- structlog gets the same two processors: ``add_ids`` and ``bridge``. When the application
+  has not configured structlog, otel-train configures JSON lines on stderr; when it has, the
+  two processors are put in front of its renderer. Either way the configuration is restored
+  exactly on exit.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from otel_train import semconv
+from otel_train.recorder import LOG, Recorder
+from otel_train.sources.steps import StepTracker
+
+#: loggers whose records are never bridged (the exporters' own complaints would loop)
+_NOT_BRIDGED = ("opentelemetry", "otel_train.internal", "urllib3", "grpc")
+_STDLIB_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message", "asctime", semconv.LOG_TRACE_ID, semconv.LOG_SPAN_ID, semconv.LOG_RUN_ID,
+    semconv.LOG_RANK, semconv.LOG_STEP,
+}
+
+
+class LogContext:
+    """What a log line needs to know about the run; ``tracker`` is None outside a run."""
+
+    def __init__(self, recorder: Recorder, tracker: StepTracker, run_id: str, rank: int) -> None:
+        self.recorder = recorder
+        self.tracker = tracker
+        self.run_id = run_id
+        self.rank = rank
+
+    def ids(self) -> tuple[int, int, int]:
+        return self.tracker.current_ids()
+
+
+# --- structlog processors ----------------------------------------------------------------
+
+
+def make_add_ids(ctx: LogContext) -> Callable[..., dict[str, Any]]:
+    """structlog processor: fill in the run's ids unless the event carries its own."""
+
+    def add_ids(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        if semconv.LOG_TRACE_ID not in event:
+            step, trace_id, span_id = ctx.ids()
+            event[semconv.LOG_TRACE_ID] = f"{trace_id:032x}"
+            event[semconv.LOG_SPAN_ID] = f"{span_id:016x}"
+            event.setdefault(semconv.LOG_STEP, step)
+        event.setdefault(semconv.LOG_RUN_ID, ctx.run_id)
+        event.setdefault(semconv.LOG_RANK, ctx.rank)
+        return event
+
+    return add_ids
+
+
+def make_bridge(ctx: LogContext) -> Callable[..., dict[str, Any]]:
+    """structlog processor: hand a copy of the event to the emitter (OTel logs)."""
+
+    def bridge(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+        fields = {k: v for k, v in event.items() if k != "event"}
+        ctx.recorder.put((LOG, time.time_ns(), method, str(event.get("event", "")), fields))
+        return event
+
+    return bridge
+
+
+def _level_number(method: str) -> int:
+    return logging.getLevelName(method.upper()) if method != "exception" else logging.ERROR
+
+
+# --- stdlib logging ----------------------------------------------------------------------
+
+
+class BridgeHandler(logging.Handler):
+    """Appends stdlib log records to the hot-path buffer for the emitter."""
+
+    def __init__(self, ctx: LogContext) -> None:
+        super().__init__(logging.NOTSET)
+        self.ctx = ctx
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.startswith(_NOT_BRIDGED) or getattr(record, "_otel_train_bridged", False):
+            return
+        try:
+            fields = {k: v for k, v in vars(record).items() if k not in _STDLIB_FIELDS}
+            fields.update({
+                semconv.LOG_TRACE_ID: getattr(record, semconv.LOG_TRACE_ID, None),
+                semconv.LOG_SPAN_ID: getattr(record, semconv.LOG_SPAN_ID, None),
+                semconv.LOG_STEP: getattr(record, semconv.LOG_STEP, None),
+                semconv.LOG_RUN_ID: self.ctx.run_id,
+                semconv.LOG_RANK: self.ctx.rank,
+                "logger": record.name,
+            })
+            if record.exc_info:
+                fields["exception"] = logging.Formatter().formatException(record.exc_info)
+            self.ctx.recorder.put((LOG, int(record.created * 1e9), record.levelname.lower(),
+                                   record.getMessage(), fields))
+        except Exception:  # a log line must never break training
+            self.handleError(record)
+
+
+class LogCapture:
+    """Installs the record factory, the bridge handler and structlog processors; undoes them."""
+
+    def __init__(self, ctx: LogContext, console_level: str) -> None:
+        self.ctx = ctx
+        self.console_level = console_level
+        self._old_factory: Callable[..., logging.LogRecord] | None = None
+        self._handler: BridgeHandler | None = None
+        self._structlog_config: dict[str, Any] | None = None
+        self._structlog_was_configured = False
+
+    def install(self, capture: bool) -> None:
+        self._install_factory()
+        if capture:
+            self._handler = BridgeHandler(self.ctx)
+            logging.getLogger().addHandler(self._handler)
+        self._install_structlog(capture)
+
+    def remove(self) -> None:
+        if self._handler is not None:
+            logging.getLogger().removeHandler(self._handler)
+            self._handler = None
+        if self._old_factory is not None:
+            logging.setLogRecordFactory(self._old_factory)
+            self._old_factory = None
+        if self._structlog_config is not None:
+            if self._structlog_was_configured:
+                structlog.configure(**self._structlog_config)
+            else:
+                structlog.reset_defaults()
+            self._structlog_config = None
+
+    def _install_factory(self) -> None:
+        old = logging.getLogRecordFactory()
+        ctx = self.ctx
+
+        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            record = old(*args, **kwargs)
+            step, trace_id, span_id = ctx.ids()
+            record.trace_id = f"{trace_id:032x}"
+            record.span_id = f"{span_id:016x}"
+            record.run_id = ctx.run_id
+            record.rank = ctx.rank
+            record.step = step
+            return record
+
+        self._old_factory = old
+        logging.setLogRecordFactory(factory)
+
+    def _install_structlog(self, capture: bool) -> None:
+        self._structlog_was_configured = structlog.is_configured()
+        self._structlog_config = structlog.get_config()
+        ours = [make_add_ids(self.ctx)] + ([make_bridge(self.ctx)] if capture else [])
+        if self._structlog_was_configured:
+            processors = list(self._structlog_config["processors"])
+            # in front of the renderer (the last processor), after the user's enrichment
+            structlog.configure(processors=processors[:-1] + ours + processors[-1:])
+            return
+        structlog.configure(
+            processors=[
+                structlog.contextvars.merge_contextvars,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                *ours,
+                structlog.processors.format_exc_info,
+                structlog.processors.JSONRenderer(default=repr),
+            ],
+            logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+            wrapper_class=structlog.make_filtering_bound_logger(_level_number(self.console_level)),
+            cache_logger_on_first_use=False,
+        )
+
+
+def internal_logger(ctx: LogContext, console_level: str, bridged: bool = True) -> Any:
+    """otel-train's own structlog logger: JSON on stderr (and bridged into OTel logs unless
+    ``bridged`` is False), whatever the application configured for itself."""
+    return structlog.wrap_logger(
+        structlog.PrintLogger(sys.stderr),
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            make_add_ids(ctx),
+            *([make_bridge(ctx)] if bridged else []),
+            structlog.processors.JSONRenderer(default=repr),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(_level_number(console_level)),
+        logger_name="otel_train",
+    )

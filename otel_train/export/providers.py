@@ -1,0 +1,328 @@
+"""Private OpenTelemetry providers of one instrumented run, and their exporters.
+
+The providers are otel-train's own: the global ones (which the training code may use for
+its own telemetry) are never touched. Every exporter is wrapped so that what it fails to
+deliver, and what the batch processors must drop when full, is counted by signal.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs.export import (
+    BatchLogRecordProcessor,
+    LogRecordExporter,
+    LogRecordExportResult,
+)
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import (
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    PeriodicExportingMetricReader,
+)
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+
+from otel_train import config as config_mod
+from otel_train import semconv
+from otel_train.config import Config, ConfigWarning
+from otel_train.identity import Identity
+
+Dropped = collections.Counter  # signal -> count
+
+
+class PresetIdGenerator(IdGenerator):
+    """Random ids, unless the (single) emitter thread preset the next ones.
+
+    The emitter creates spans whose ids are fixed in advance: derived ones that other ranks
+    compute too, and the ones the training thread handed to log lines.
+    """
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self.next_span_id = 0
+        self.next_trace_id = 0
+
+    def generate_span_id(self) -> int:
+        span_id, self.next_span_id = self.next_span_id, 0
+        return span_id or self._random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        trace_id, self.next_trace_id = self.next_trace_id, 0
+        return trace_id or self._random.generate_trace_id()
+
+
+# --- counting wrappers -------------------------------------------------------------------
+
+
+class _CountingSpanExporter(SpanExporter):
+    def __init__(self, inner: SpanExporter, dropped: Dropped) -> None:
+        self._inner, self._dropped = inner, dropped
+
+    def export(self, spans: Sequence[Any]) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception:  # an exporter must never take the emitter down
+            result = SpanExportResult.FAILURE
+        if result != SpanExportResult.SUCCESS:
+            self._dropped[semconv.SIGNAL_SPANS] += len(spans)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class _CountingLogExporter(LogRecordExporter):
+    def __init__(self, inner: LogRecordExporter, dropped: Dropped) -> None:
+        self._inner, self._dropped = inner, dropped
+
+    def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
+        try:
+            result = self._inner.export(batch)
+        except Exception:
+            result = LogRecordExportResult.FAILURE
+        if result != LogRecordExportResult.SUCCESS:
+            self._dropped[semconv.SIGNAL_LOGS] += len(batch)
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+def _count_points(data: MetricsData) -> int:
+    return sum(
+        len(metric.data.data_points)
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+    )
+
+
+class _CountingMetricExporter(MetricExporter):
+    def __init__(self, inner: MetricExporter, dropped: Dropped) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner, self._dropped = inner, dropped
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+               ) -> MetricExportResult:
+        try:
+            result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+        except Exception:
+            result = MetricExportResult.FAILURE
+        if result != MetricExportResult.SUCCESS:
+            self._dropped[semconv.SIGNAL_METRICS] += _count_points(metrics_data)
+        return result
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis)
+
+
+def _queue_full(processor: Any) -> bool:
+    # The SDK's batch processor drops silently (with a log line) when its queue is full;
+    # peek at its private queue to count those drops. Guarded: absent in other versions.
+    inner = getattr(processor, "_batch_processor", None)
+    queue = getattr(inner, "_queue", None)
+    limit = getattr(inner, "_max_queue_size", None)
+    return queue is not None and limit is not None and len(queue) >= limit
+
+
+class _CountingBatchSpanProcessor(BatchSpanProcessor):
+    def __init__(self, exporter: SpanExporter, dropped: Dropped) -> None:
+        super().__init__(exporter)
+        self._dropped = dropped
+
+    def on_end(self, span: Any) -> None:
+        if _queue_full(self):
+            self._dropped[semconv.SIGNAL_SPANS] += 1
+        super().on_end(span)
+
+
+class _CountingBatchLogProcessor(BatchLogRecordProcessor):
+    def __init__(self, exporter: LogRecordExporter, dropped: Dropped) -> None:
+        super().__init__(exporter)
+        self._dropped = dropped
+
+    def on_emit(self, log_record: Any) -> None:
+        if _queue_full(self):
+            self._dropped[semconv.SIGNAL_LOGS] += 1
+        super().on_emit(log_record)
+
+
+# --- exporters ---------------------------------------------------------------------------
+
+
+def _otlp_protocol(signal: str) -> str:
+    return (
+        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip().lower()
+
+
+def _otlp_exporters() -> tuple[SpanExporter, MetricExporter, LogRecordExporter]:
+    """OTLP exporters configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables."""
+    exporters = []
+    for signal in ("traces", "metrics", "logs"):
+        protocol = _otlp_protocol(signal)
+        if protocol not in ("grpc", "http/protobuf"):
+            warnings.warn(f"otel-train: OTLP protocol {protocol!r} for {signal} is not supported "
+                          "(grpc, http/protobuf); using http/protobuf", ConfigWarning, stacklevel=4)
+            protocol = "http/protobuf"
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc import (
+                _log_exporter as logs,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc import (
+                metric_exporter as metrics,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc import (
+                trace_exporter as traces,
+            )
+        else:
+            from opentelemetry.exporter.otlp.proto.http import (
+                _log_exporter as logs,
+            )
+            from opentelemetry.exporter.otlp.proto.http import (
+                metric_exporter as metrics,
+            )
+            from opentelemetry.exporter.otlp.proto.http import (
+                trace_exporter as traces,
+            )
+        exporters.append(
+            {"traces": traces.OTLPSpanExporter, "metrics": metrics.OTLPMetricExporter,
+             "logs": logs.OTLPLogExporter}[signal]()
+        )
+    return exporters[0], exporters[1], exporters[2]
+
+
+def _file_exporters(run_dir: Path, rank: int) -> tuple[SpanExporter, MetricExporter,
+                                                        LogRecordExporter]:
+    from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
+    from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return (
+        FileSpanExporter(run_dir / f"traces.rank-{rank}.jsonl"),
+        FileMetricExporter(run_dir / f"metrics.rank-{rank}.jsonl"),
+        FileLogExporter(run_dir / f"logs.rank-{rank}.jsonl"),
+    )
+
+
+def choose_exporter(cfg: Config) -> str:
+    if cfg.exporter != "auto":
+        return cfg.exporter
+    return "otlp" if config_mod.otlp_endpoint_configured() else "file"
+
+
+# --- the pipeline ------------------------------------------------------------------------
+
+
+def build_resource(cfg: Config, ident: Identity) -> Resource:
+    attributes: dict[str, Any] = {
+        "service.instance.id": f"{ident.run_id}-rank-{ident.rank}",
+        semconv.RES_RUN_ID: ident.run_id,
+        semconv.RES_RANK: ident.rank,
+        semconv.RES_LOCAL_RANK: ident.local_rank,
+        semconv.RES_WORLD_SIZE: ident.world_size,
+        "host.name": ident.host_name,
+        "process.pid": ident.pid,
+    }
+    # service.name: an argument or OTEL_SERVICE_NAME wins; then OTEL_RESOURCE_ATTRIBUTES;
+    # our default last (explicit attributes override the environment in Resource.create).
+    env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if cfg.service_name != semconv.SERVICE_NAME_DEFAULT or "service.name=" not in env_attrs:
+        attributes["service.name"] = cfg.service_name
+    for key, names in {
+        "k8s.pod.name": ("K8S_POD_NAME", "POD_NAME"),
+        "k8s.namespace.name": ("K8S_NAMESPACE_NAME", "POD_NAMESPACE"),
+        "k8s.node.name": ("K8S_NODE_NAME", "NODE_NAME"),
+    }.items():
+        value = next((os.environ[n] for n in names if os.environ.get(n)), None)
+        if value:
+            attributes[key] = value
+    return Resource.create(attributes)
+
+
+class Pipeline:
+    """Tracer, meter and logger providers wired to one exporter kind."""
+
+    def __init__(self, cfg: Config, ident: Identity, run_dir: Path | None) -> None:
+        self.dropped: Dropped = collections.Counter()
+        self.ids = PresetIdGenerator()
+        self.kind = choose_exporter(cfg)
+        self.resource = build_resource(cfg, ident)
+        exporters = self._exporters(cfg, ident, run_dir)
+        self.tracer_provider = TracerProvider(
+            resource=self.resource, sampler=cfg.sampler(), id_generator=self.ids
+        )
+        readers = []
+        self.logger_provider = LoggerProvider(resource=self.resource)
+        if exporters is not None:
+            spans, metrics, logs = exporters
+            self.tracer_provider.add_span_processor(
+                _CountingBatchSpanProcessor(_CountingSpanExporter(spans, self.dropped),
+                                            self.dropped))
+            readers.append(PeriodicExportingMetricReader(
+                _CountingMetricExporter(metrics, self.dropped)))
+            self.logger_provider.add_log_record_processor(
+                _CountingBatchLogProcessor(_CountingLogExporter(logs, self.dropped),
+                                           self.dropped))
+        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers)
+        self.tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME)
+        self.meter = self.meter_provider.get_meter(semconv.SCOPE_NAME)
+        self.otel_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME)
+
+    def _exporters(self, cfg: Config, ident: Identity, run_dir: Path | None) -> Any:
+        if self.kind == "none":
+            return None
+        try:
+            if self.kind == "otlp":
+                return _otlp_exporters()
+            assert run_dir is not None
+            return _file_exporters(run_dir, ident.rank)
+        except Exception as err:  # unwritable directory, missing exporter package...
+            warnings.warn(f"otel-train: cannot set up the {self.kind} exporters ({err}); "
+                          "telemetry of this run is not exported", ConfigWarning, stacklevel=4)
+            self.kind = "none"
+            return None
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Flush and shut down within ``timeout_s``; False if it had to give up waiting.
+
+        The SDK's ``force_flush`` ignores its timeout, so the work runs on a daemon thread
+        and we stop waiting for it: leaving ``instrument()`` never hangs on a dead collector.
+        """
+
+        def work() -> None:
+            for provider in (self.tracer_provider, self.logger_provider):
+                provider.force_flush()
+            self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+            self.tracer_provider.shutdown()
+            self.logger_provider.shutdown()
+
+        worker = threading.Thread(target=work, name="otel-train-shutdown", daemon=True)
+        worker.start()
+        worker.join(timeout_s)
+        return not worker.is_alive()

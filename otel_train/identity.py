@@ -1,0 +1,175 @@
+"""Who this process is in the job, and the ids every rank derives without talking.
+
+Ranks agree on a run id once (an explicit one, the launcher's, or one broadcast by rank 0).
+From then on a step's trace id and its root span id are pure functions of (run id, step), so
+every rank puts its spans into the same trace and every trace-id sampler decides the same
+way on every rank, with no further communication.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import socket
+import uuid
+import warnings
+from collections.abc import Mapping
+
+from opentelemetry.trace import SpanContext
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from otel_train.config import ConfigWarning
+
+_BAD_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity:
+    run_id: str
+    rank: int
+    local_rank: int
+    world_size: int
+    host_name: str
+    pid: int
+
+
+def _int_env(env: Mapping[str, str], name: str, default: int) -> int:
+    try:
+        return int(env.get(name, default))
+    except ValueError:
+        warnings.warn(f"otel-train: {name}={env[name]!r} is not an integer; using {default}",
+                      ConfigWarning, stacklevel=3)
+        return default
+
+
+def _dist_initialized() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank_and_world(env: Mapping[str, str] | None = None) -> tuple[int, int, int]:
+    """(rank, local rank, world size): from the process group if there is one, else env."""
+    env = os.environ if env is None else env
+    if _dist_initialized():
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:
+        rank, world = _int_env(env, "RANK", 0), _int_env(env, "WORLD_SIZE", 1)
+    return rank, _int_env(env, "LOCAL_RANK", rank), world
+
+
+def sanitize_run_id(raw: str) -> str:
+    cleaned = _BAD_RUN_ID_CHARS.sub("-", raw.strip())[:128].strip(".")
+    return cleaned or uuid.uuid4().hex
+
+
+def launcher_run_id(env: Mapping[str, str]) -> str | None:
+    """The id a launcher gave this job: torchrun's rendezvous id, a Kubernetes job's name."""
+    for name in ("TORCHELASTIC_RUN_ID", "OTEL_TRAIN_LAUNCHER_RUN_ID"):
+        value = env.get(name, "").strip()
+        if value and value.lower() != "none":
+            return sanitize_run_id(value)
+    return None
+
+
+def agree_run_id(explicit: str | None, env: Mapping[str, str] | None = None) -> str:
+    """One run id for all ranks: explicit, else the launcher's, else rank 0's broadcast."""
+    env = os.environ if env is None else env
+    if explicit:
+        return sanitize_run_id(explicit)
+    from_launcher = launcher_run_id(env)
+    if from_launcher:
+        return from_launcher
+    fresh = f"{uuid.uuid4().hex[:16]}"
+    if _dist_initialized():
+        import torch.distributed as dist
+
+        if dist.get_world_size() > 1:
+            box = [fresh if dist.get_rank() == 0 else None]
+            dist.broadcast_object_list(box, src=0)
+            return str(box[0])
+    elif _int_env(env, "WORLD_SIZE", 1) > 1:
+        warnings.warn(
+            "otel-train: several ranks but no process group yet and no launcher run id; "
+            "each rank gets its own run id. Call instrument() after init_process_group, "
+            "or set OTEL_TRAIN_RUN_ID.",
+            ConfigWarning,
+            stacklevel=3,
+        )
+    return fresh
+
+
+def resolve(explicit_run_id: str | None, env: Mapping[str, str] | None = None) -> Identity:
+    env = os.environ if env is None else env
+    rank, local_rank, world = rank_and_world(env)
+    return Identity(
+        run_id=agree_run_id(explicit_run_id, env),
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        host_name=socket.gethostname(),
+        pid=os.getpid(),
+    )
+
+
+# --- derived ids -------------------------------------------------------------------------
+
+
+def _digest(*parts: object) -> bytes:
+    return hashlib.blake2b("\x1f".join(map(str, parts)).encode(), digest_size=16).digest()
+
+
+def _nonzero(value: int) -> int:
+    return value or 1  # an all-zero id is invalid in OpenTelemetry
+
+
+def step_trace_id(run_id: str, step: int) -> int:
+    """The trace id of step ``step``, the same on every rank."""
+    return _nonzero(int.from_bytes(_digest(run_id, "step", step), "big"))
+
+
+def step_span_id(run_id: str, step: int) -> int:
+    """The span id of the step's root ``train.step`` span (emitted by rank 0)."""
+    return _nonzero(int.from_bytes(_digest(run_id, "step", step, "root")[:8], "big"))
+
+
+def rank_step_span_id(run_id: str, step: int, rank: int) -> int:
+    """The span id of one rank's ``train.rank_step`` span."""
+    return _nonzero(int.from_bytes(_digest(run_id, "step", step, "rank", rank)[:8], "big"))
+
+
+def run_trace_id(run_id: str) -> int:
+    """Trace of the ``train.run`` spans when no launcher context is given."""
+    return _nonzero(int.from_bytes(_digest(run_id, "run"), "big"))
+
+
+def run_span_id(run_id: str, rank: int) -> int:
+    return _nonzero(int.from_bytes(_digest(run_id, "run", rank)[:8], "big"))
+
+
+def launcher_context(env: Mapping[str, str] | None = None) -> SpanContext | None:
+    """The span context of ``TRACEPARENT`` (W3C), if the launcher set one."""
+    env = os.environ if env is None else env
+    traceparent = env.get("TRACEPARENT", "").strip()
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if env.get("TRACESTATE"):
+        carrier["tracestate"] = env["TRACESTATE"]
+    from opentelemetry import trace
+
+    ctx = TraceContextTextMapPropagator().extract(carrier)
+    span_context = trace.get_current_span(ctx).get_span_context()
+    if not span_context.is_valid:
+        warnings.warn(
+            f"otel-train: TRACEPARENT={traceparent[:80]!r} is not a valid W3C traceparent; "
+            "train.run starts a new trace",
+            ConfigWarning,
+            stacklevel=3,
+        )
+        return None
+    return span_context

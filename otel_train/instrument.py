@@ -1,0 +1,261 @@
+"""Wiring and teardown of one instrumented run: ``instrument()`` and what it returns."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from otel_train import config as config_mod
+from otel_train import identity, semconv
+from otel_train.config import Config, ConfigWarning
+from otel_train.emitter import Emitter
+from otel_train.export.logs import LogCapture, LogContext, internal_logger
+from otel_train.export.prometheus import PrometheusEndpoint
+from otel_train.export.providers import Pipeline, choose_exporter
+from otel_train.identity import Identity
+from otel_train.recorder import Recorder
+from otel_train.sources.steps import StepHooks, StepTracker
+
+_active_lock = threading.Lock()
+_active: Instrumentation | None = None
+
+
+def instrument(
+    model: torch.nn.Module | None = None,
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    dataloader: Any = None,
+    samples_per_step: int | None = None,
+    tokens_per_step: int | None = None,
+    run_id: str | None = None,
+    output_dir: str | Path | None = None,
+    exporter: str | None = None,
+    service_name: str | None = None,
+    prometheus_port: int | None = None,
+    **settings: Any,
+) -> Instrumentation:
+    """Instrument a training loop; use the result as a context manager.
+
+    ``model`` is the module the loop calls (the ``torch.compile`` wrapper, the FSDP or DDP
+    module, whatever the loop invokes). Steps end at each optimizer step (of ``optimizer``
+    only, if given; else of any optimizer) or at :meth:`Instrumentation.mark_step`.
+    ``dataloader`` restricts data-wait timing to that DataLoader. Samples and tokens per
+    step are read off batch shapes unless given. Other keywords are :class:`Config` fields;
+    everything unset comes from ``OTEL_TRAIN_*`` and ``OTEL_*`` variables.
+    """
+    cfg = config_mod.load(
+        samples_per_step=samples_per_step, tokens_per_step=tokens_per_step, run_id=run_id,
+        output_dir=output_dir, exporter=exporter, service_name=service_name,
+        prometheus_port=prometheus_port, **settings,
+    )
+    return Instrumentation(cfg, model=model, optimizer=optimizer, dataloader=dataloader)
+
+
+class Instrumentation:
+    """One instrumented run. Enter to start, exit to flush and restore everything."""
+
+    def __init__(self, cfg: Config, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, dataloader: Any = None) -> None:
+        self.config = cfg
+        self._model = model
+        self._optimizer = optimizer
+        self._dataloader = dataloader
+        self._started = False
+        self._inert = False
+        self.identity: Identity | None = None
+        self.run_dir: Path | None = None
+        self.recorder: Recorder | None = None
+        self.tracker: StepTracker | None = None
+        self.emitter: Emitter | None = None
+        self.dropped: dict[str, int] = {}
+        self.flushed = True
+
+    # --- public ----------------------------------------------------------------------
+    @property
+    def run_id(self) -> str | None:
+        return self.identity.run_id if self.identity else None
+
+    def mark_step(self) -> None:
+        """End the current step now: for loops without an optimizer step."""
+        if self.tracker is not None and self.tracker.active():
+            self.tracker.mark_step()
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        """``with inst.step(): ...``: the block is one step."""
+        try:
+            yield
+        finally:
+            self.mark_step()
+
+    def __enter__(self) -> Instrumentation:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop(exc)
+
+    # --- start -----------------------------------------------------------------------
+    def start(self) -> None:
+        global _active
+        with _active_lock:
+            if _active is not None or self._started:
+                warnings.warn("otel-train: instrument() is already active in this process; "
+                              "this nested one does nothing", ConfigWarning, stacklevel=3)
+                self._inert = True
+                return
+            _active = self
+        self._started = True
+        try:
+            self._start()
+        except BaseException:
+            with _active_lock:
+                _active = None
+            self._started = False
+            raise
+
+    def _start(self) -> None:
+        cfg = self.config
+        self._t0_perf = time.perf_counter_ns()
+        offset = time.time_ns() - time.perf_counter_ns()
+        ident = self.identity = identity.resolve(cfg.run_id)
+        if choose_exporter(cfg) == "file":
+            self.run_dir = cfg.output_dir / ident.run_id
+        self.recorder = Recorder(cfg.queue_size)
+        self.tracker = StepTracker(self.recorder, ident.run_id, ident.rank,
+                                   cfg.samples_per_step, cfg.tokens_per_step)
+        pipeline = self._pipeline = Pipeline(cfg, ident, self.run_dir)
+        launcher = identity.launcher_context()
+        run_trace = launcher.trace_id if launcher else identity.run_trace_id(ident.run_id)
+        self._run_context = SpanContext(run_trace, identity.run_span_id(ident.run_id, ident.rank),
+                                        False, TraceFlags(TraceFlags.SAMPLED))
+        self._launcher = launcher
+        log_ctx = LogContext(self.recorder, self.tracker, ident.run_id, ident.rank)
+        self._logs = LogCapture(log_ctx, cfg.console_log_level)
+        self._logs.install(cfg.capture_logs)
+        self.log = internal_logger(log_ctx, cfg.console_log_level)
+        console = internal_logger(log_ctx, cfg.console_log_level, bridged=False)
+        self._prometheus = self._start_prometheus(ident)
+        self.emitter = Emitter(self.recorder, pipeline, ident, cfg, offset, self._run_context,
+                               launcher, self._prometheus, console)
+        self.emitter.start()
+        self._hooks = StepHooks(self.tracker)
+        self._install_hooks()
+        self._write_run_json(ident)
+        self._setup_end_perf = time.perf_counter_ns()
+        self._offset = offset
+        self.log.info("otel_train.start", exporter=pipeline.kind,
+                      run_dir=str(self.run_dir) if self.run_dir else None,
+                      world_size=ident.world_size, sampler=cfg.sampler_name)
+
+    def _install_hooks(self) -> None:
+        hooks = self._hooks
+        dataset = None
+        if self._dataloader is not None:
+            dataset = getattr(self._dataloader, "dataset", None)
+            if not isinstance(self._dataloader, torch.utils.data.DataLoader):
+                warnings.warn("otel-train: dataloader= is not a torch DataLoader; data wait is "
+                              "timed for every DataLoader", ConfigWarning, stacklevel=5)
+                dataset = None
+        hooks.hook_dataloader(dataset)
+        if self._model is not None:
+            hooks.hook_model(self._model)
+        hooks.hook_backward()
+        hooks.hook_optimizer(self._optimizer)
+
+    def _start_prometheus(self, ident: Identity) -> PrometheusEndpoint | None:
+        port = self.config.prometheus_port
+        if port is None:
+            return None
+        try:
+            return PrometheusEndpoint(self.config.prometheus_addr, port + ident.local_rank,
+                                      ident.rank, ident.run_id)
+        except OSError as err:
+            warnings.warn(f"otel-train: cannot serve Prometheus metrics on "
+                          f"{self.config.prometheus_addr}:{port + ident.local_rank} ({err}); "
+                          "continuing without the endpoint", ConfigWarning, stacklevel=5)
+            return None
+
+    def _write_run_json(self, ident: Identity) -> None:
+        if self.run_dir is None or ident.rank != 0:
+            return
+        info = {
+            "run_id": ident.run_id, "world_size": ident.world_size,
+            "started_unix_ns": time.time_ns(), "service_name": self.config.service_name,
+            "sampler": self.config.sampler_name, "sampler_arg": self.config.sampler_arg,
+            "torch_version": torch.__version__,
+        }
+        try:
+            (self.run_dir / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+        except OSError as err:
+            warnings.warn(f"otel-train: cannot write {self.run_dir}/run.json ({err})",
+                          ConfigWarning, stacklevel=5)
+
+    # --- stop ------------------------------------------------------------------------
+    def stop(self, exc: BaseException | None = None) -> None:
+        """Finish the step in flight, restore every hook, flush within the shutdown bound."""
+        global _active
+        if self._inert or not self._started:
+            return
+        self._started = False
+        try:
+            self._stop(exc)
+        finally:
+            with _active_lock:
+                _active = None
+
+    def _stop(self, exc: BaseException | None) -> None:
+        assert self.tracker and self.emitter and self.identity
+        cfg = self.config
+        self.tracker.close()
+        self._hooks.remove()
+        end_perf = time.perf_counter_ns()
+        deadline = time.monotonic() + cfg.shutdown_timeout_s
+        status = "error" if exc is not None else "ok"
+        self.log.info("otel_train.stop", status=status, steps=self.tracker.step,
+                      error=repr(exc) if exc is not None else None)
+        self._logs.remove()
+        self.emitter.stop(max(0.0, deadline - time.monotonic()))
+        if self.emitter._thread.is_alive():
+            warnings.warn("otel-train: the emitter did not finish in time; the run span is "
+                          "not exported", ConfigWarning, stacklevel=4)
+        else:
+            self._run_spans(end_perf, exc)
+            self.emitter.report_drops()
+        self.flushed = self._pipeline.shutdown(max(0.1, deadline - time.monotonic()))
+        self.dropped = dict(self.emitter.total_dropped())
+        if self._prometheus is not None:
+            self._prometheus.close()
+        if any(self.dropped.values()) or not self.flushed:
+            warnings.warn(f"otel-train: telemetry dropped this run: {self.dropped}"
+                          + ("" if self.flushed else "; the final flush timed out"),
+                          ConfigWarning, stacklevel=4)
+
+    def _run_spans(self, end_perf: int, exc: BaseException | None) -> None:
+        emitter, ident = self.emitter, self.identity
+        assert emitter is not None and ident is not None
+        wall = emitter.wall
+        run_parent = self._launcher
+        attrs = {semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_RANK: ident.rank,
+                 semconv.ATTR_WORLD_SIZE: ident.world_size,
+                 semconv.ATTR_STATUS: "error" if exc is not None else "ok",
+                 "training.steps": self.tracker.step if self.tracker else 0}
+        run_ctx = emitter.span(
+            semconv.SPAN_RUN, run_parent, wall(self._t0_perf), wall(end_perf), attrs,
+            span_id=self._run_context.span_id,
+            trace_id=0 if run_parent else self._run_context.trace_id,
+            error=f"{type(exc).__name__}: {exc}"[:1000] if exc is not None else None)
+        emitter.span(semconv.SPAN_SETUP, run_ctx, wall(self._t0_perf),
+                     wall(self._setup_end_perf),
+                     {semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_RANK: ident.rank})
