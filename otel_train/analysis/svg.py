@@ -68,10 +68,11 @@ def gantt(timeline: StepTimeline) -> str:
 def distributions(report: Report) -> str:
     """Per-rank step-time box plots: whiskers min..max, box p25..p75, median, p95 tick."""
     rows, lane, top = report.rank_rows, 26, 10
-    span = max([r.quantiles_s[-1] for r in rows] + [1e-9])
+    # the axis ends past the p95s: a single compile step must not squash every box
+    span = max([r.quantiles_s[4] * 1.5 for r in rows] + [1e-9])
     body = []
     for i, row in enumerate(rows):
-        q = [LEFT + PLOT_W * v / span for v in row.quantiles_s]
+        q = [LEFT + PLOT_W * min(v, span) / span for v in row.quantiles_s]
         y = top + i * lane + 12
         color = "#c0392b" if row.rank == report.straggler else "#34495e"
         tip = "rank {}: min {:.4f}, p25 {:.4f}, median {:.4f}, p75 {:.4f}, p95 {:.4f}, " \
@@ -84,6 +85,8 @@ def distributions(report: Report) -> str:
                  f'stroke="{color}" stroke-width="2"/>',
                  f'<line x1="{q[4]:.1f}" y1="{y - 5}" x2="{q[4]:.1f}" y2="{y + 5}" '
                  f'stroke="{color}" stroke-dasharray="2,1"/>']
+        if row.quantiles_s[5] > span:
+            body.append(_text(LEFT + PLOT_W, y - 3, f"max {row.quantiles_s[5]:.3g} s", "end", 9))
     body += _axis(top + len(rows) * lane, span)
     return _svg("distributions", top + len(rows) * lane + 24, body, "step time per rank")
 
