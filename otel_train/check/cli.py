@@ -1,0 +1,62 @@
+"""``otel-train check``: the production attribution checklist, verified."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from otel_train.check.model import CheckResult, failed, merge
+from otel_train.check.render import render_table, write_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "check", help="verify the production attribution checklist",
+        description="One row per checklist item (pass, fail, n/a) with evidence and fix. "
+                    "Exit status 1 when an item fails, 2 when no source could be read.")
+    parser.add_argument("run", type=Path, nargs="?", help="run directory (or the root "
+                        "holding runs: the newest is read)")
+    parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (HTTP API)")
+    parser.add_argument("--run-id", help="in live mode, only this run's series")
+    parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL")
+    parser.add_argument("--tempo", metavar="URL", help="Tempo base URL")
+    parser.add_argument("--loki", metavar="URL", help="Loki base URL")
+    parser.add_argument("--json", action="store_true", help="print JSON only")
+    parser.set_defaults(func=run)
+
+
+def gather_results(args: argparse.Namespace) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    if args.run is not None:
+        from otel_train.analysis.otlp import resolve_run_dir
+        from otel_train.check.rundir import check_run_dir
+
+        results += check_run_dir(resolve_run_dir(args.run))
+    if args.prometheus:
+        from otel_train.check.prometheus import check_prometheus
+
+        results += check_prometheus(args.prometheus, args.run_id)
+    for flag in ("jaeger", "tempo", "loki"):
+        if getattr(args, flag):
+            from otel_train.check.live_stub import not_implemented
+
+            results += not_implemented(flag)
+    return merge(results)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.run is None and not (args.prometheus or args.jaeger or args.tempo or args.loki):
+        print("otel-train check: give a run directory or a live endpoint (--prometheus ...)",
+              file=sys.stderr)
+        return 2
+    try:
+        results = gather_results(args)
+    except (FileNotFoundError, OSError) as err:
+        print(f"otel-train check: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        write_json(results, sys.stdout)
+    else:
+        render_table(results)
+    return 1 if failed(results) else 0

@@ -1,0 +1,117 @@
+"""What a run directory shows about the checklist, gathered in one streaming pass per signal.
+
+Per sampled step only a few small numbers are kept (trace ids, rank bitmasks per phase), so
+memory grows with the number of sampled steps, never with the number of spans.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from otel_train import semconv as sc
+from otel_train.analysis.metrics import MetricsDigest, read_metrics
+from otel_train.analysis.otlp import Span, iter_log_records, iter_spans, signal_files
+
+SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
+
+
+@dataclass
+class RunSpan:
+    trace_id: str
+    parent_id: str
+    links: list[tuple[str, str]]
+
+
+@dataclass
+class TraceEvidence:
+    spans: int = 0
+    world_size: int = 0
+    ranks: set[int] = field(default_factory=set)
+    step_traces: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    roots: dict[int, str] = field(default_factory=dict)  # step: train.step span id
+    rank_step_parents: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    #: (step, phase or "rank_step"): bitmask of ranks; and the span count per (step, phase)
+    rank_masks: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
+    span_counts: Counter = field(default_factory=Counter)
+    run_spans: dict[int, RunSpan] = field(default_factory=dict)
+    resolved: set[tuple[str, str]] = field(default_factory=set)  # exemplar targets found
+    traces_seen_of_targets: set[str] = field(default_factory=set)
+
+    def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
+        self.spans += 1
+        attrs = span.attributes
+        rank = attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK))
+        if rank is not None:
+            self.ranks.add(int(rank))
+        size = attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE))
+        if size is not None:
+            self.world_size = max(self.world_size, int(size))
+        if span.trace_id in target_traces:
+            self.traces_seen_of_targets.add(span.trace_id)
+            if (span.trace_id, span.span_id) in targets:
+                self.resolved.add((span.trace_id, span.span_id))
+        if span.name == sc.SPAN_RUN and rank is not None:
+            self.run_spans[int(rank)] = RunSpan(span.trace_id, span.parent_id, span.links)
+        step = attrs.get(sc.ATTR_STEP)
+        if step is not None:
+            self._add_step_span(span, int(step), None if rank is None else int(rank))
+
+    def _add_step_span(self, span: Span, step: int, rank: int | None) -> None:
+        self.step_traces[step].add(span.trace_id)
+        if span.name == sc.SPAN_STEP:
+            self.roots[step] = span.span_id
+            return
+        kind = "rank_step" if span.name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(span.name)
+        if kind is None or rank is None:
+            return
+        if kind == "rank_step":
+            self.rank_step_parents[step].add(span.parent_id)
+        self.rank_masks[(step, kind)] |= 1 << rank
+        self.span_counts[(step, kind, rank)] += 1
+
+
+@dataclass
+class LogEvidence:
+    records: int = 0
+    missing: Counter = field(default_factory=Counter)  # field: records without it
+    timed: int = 0  # records with phase
+    timed_without_duration: int = 0
+    example_missing: dict[str, str] = field(default_factory=dict)
+
+    def add(self, trace_id: str, span_id: str, attrs: dict, body: object) -> None:
+        self.records += 1
+        present = {sc.LOG_TRACE_ID: bool(trace_id.strip("0") or attrs.get(sc.LOG_TRACE_ID)),
+                   sc.LOG_SPAN_ID: bool(span_id.strip("0") or attrs.get(sc.LOG_SPAN_ID))}
+        for name in sc.LOG_REQUIRED_FIELDS:
+            if not present.get(name, attrs.get(name) not in (None, "")):
+                self.missing[name] += 1
+                self.example_missing.setdefault(name, str(body)[:80])
+        if attrs.get(sc.LOG_PHASE) is not None:
+            self.timed += 1
+            if attrs.get(sc.LOG_DURATION_MS) is None:
+                self.timed_without_duration += 1
+
+
+@dataclass
+class RunEvidence:
+    run_dir: Path
+    metrics: MetricsDigest
+    traces: TraceEvidence
+    logs: LogEvidence
+    has_logs: bool
+
+
+def gather(run_dir: Path) -> RunEvidence:
+    metrics = read_metrics(run_dir)
+    targets = {(e.trace_id, e.span_id) for e in metrics.exemplars}
+    target_traces = {t for t, _ in targets}
+    traces = TraceEvidence()
+    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB)):
+        traces.add(span, targets, target_traces)
+    logs = LogEvidence()
+    log_files = signal_files(run_dir, sc.LOGS_GLOB)
+    for record in iter_log_records(log_files):
+        logs.add(record.trace_id, record.span_id, record.attributes, record.body)
+    return RunEvidence(run_dir, metrics, traces, logs, bool(log_files))

@@ -1,0 +1,62 @@
+"""One verdict per checklist item, and how verdicts from several sources combine."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
+
+#: the checklist of DESIGN.md, in its order: (id, what is checked)
+ITEMS = (
+    ("trace_coverage", "every sampled step of every rank lives in a step trace"),
+    ("same_trace_across_ranks", "all ranks of a step share one trace id"),
+    ("sampling_consistency", "spans per sampled step == world size, for each phase"),
+    ("exemplars", "latency histograms carry exemplars that resolve to traces"),
+    ("log_fields", "logs carry trace_id, span_id, run_id, rank, step (+ phase, duration_ms)"),
+    ("launcher_context", "the launcher's trace context reaches every rank's run span"),
+    ("per_rank_metrics", "metrics carry training.rank, so skew is visible, not averaged away"),
+    ("cpu_throttling_measured", "CPU throttling is measured per rank"),
+    ("throttling_alert", "the CPU throttling alert rule is loaded in Prometheus"),
+    ("telemetry_complete", "no telemetry was dropped"),
+)
+TITLES = dict(ITEMS)
+
+
+@dataclass
+class CheckResult:
+    id: str
+    status: str
+    evidence: str
+    fix: str = ""
+    source: str = ""
+
+    @property
+    def item(self) -> str:
+        return TITLES.get(self.id, self.id)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "item": self.item}
+
+
+def merge(results: list[CheckResult]) -> list[CheckResult]:
+    """One row per item, in checklist order: a failure anywhere fails the item."""
+    out = []
+    for item_id, _ in ITEMS:
+        rows = [r for r in results if r.id == item_id]
+        if not rows:
+            continue
+        for status in (FAIL, PASS, NOT_APPLICABLE):
+            chosen = [r for r in rows if r.status == status]
+            if chosen:
+                break
+        out.append(CheckResult(
+            item_id, status, "; ".join(f"[{r.source}] {r.evidence}" if len(rows) > 1
+                                       else r.evidence for r in chosen),
+            "; ".join(dict.fromkeys(r.fix for r in chosen if r.fix)),
+            ",".join(r.source for r in chosen)))
+    return out
+
+
+def failed(results: list[CheckResult]) -> bool:
+    return any(r.status == FAIL for r in results)
