@@ -10,6 +10,8 @@ from otel_train import semconv as sc
 from otel_train.analysis.model import RankBreakdown, SlowStep, TimeBin
 from otel_train.analysis.traces import StepTable
 
+#: a rank this much busier than the median rank is called a straggler
+STRAGGLER_RATIO = 1.05
 #: waiting for other ranks is a symptom, never the cause of a slow step
 NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM})
 
@@ -89,7 +91,8 @@ def busy_s(table: StepTable, index: int) -> float:
 
 def straggler(table: StepTable, by_rank: dict[int, list[int]]
               ) -> tuple[int | None, float | None, float | None]:
-    """(rank, its mean busy time over the median rank's, share of steps it was slowest in)."""
+    """(rank, its mean busy time over the median rank's, share of steps it was slowest in);
+    rank None when no rank is ``STRAGGLER_RATIO`` busier than the median rank."""
     if len(by_rank) < 2:
         return None, None, None
     mean_busy = {r: sum(busy_s(table, i) for i in rows) / len(rows) for r, rows in by_rank.items()}
@@ -101,7 +104,10 @@ def straggler(table: StepTable, by_rank: dict[int, list[int]]
     rank = max(mean_busy, key=lambda r: mean_busy[r])
     typical = median(mean_busy.values())
     share = sum(1 for _, r in slowest_of_step.values() if r == rank) / len(slowest_of_step)
-    return rank, (mean_busy[rank] / typical if typical else None), share
+    ratio = mean_busy[rank] / typical if typical else None
+    if ratio is None or ratio < STRAGGLER_RATIO:
+        return None, ratio, share
+    return rank, ratio, share
 
 
 def over_time(table: StepTable, bins: int = 40) -> list[TimeBin]:

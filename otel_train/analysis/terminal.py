@@ -50,6 +50,9 @@ def _header(report: Report) -> str:
         lines.append(f"straggler: [bold]rank {report.straggler}[/], busy "
                      f"{report.straggler_busy_ratio:.2f}x the median rank, slowest in "
                      f"{report.straggler_slowest_share:.0%} of steps")
+    elif report.straggler_busy_ratio:
+        lines.append(f"no straggler: the busiest rank is {report.straggler_busy_ratio:.2f}x "
+                     "the median rank")
     if report.samples_per_s:
         tokens = f", {report.tokens_per_s:,.0f} tokens/s" if report.tokens_per_s else ""
         lines.append(f"throughput: {report.samples_per_s:,.1f} samples/s{tokens}")

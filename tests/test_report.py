@@ -1,0 +1,158 @@
+"""``otel-train report`` on generated run directories: what it attributes, and to whom."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from report_fixtures import RunSpec, write_run
+
+from otel_train import semconv as sc
+from otel_train.analysis.build import build_report
+from otel_train.analysis.otlp import decode_attributes, iter_spans, signal_files
+from otel_train.cli import main
+
+SPEC = RunSpec(ranks=4, steps=200, straggler_rank=2, spike_steps=(37, 120, 151))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_run(SPEC, tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="module")
+def report(run_dir: Path):
+    return build_report(run_dir, top=6)
+
+
+def test_otlp_values_decode_to_python_types() -> None:
+    attrs = decode_attributes([
+        {"key": "i", "value": {"intValue": "123"}},
+        {"key": "d", "value": {"doubleValue": 1.5}},
+        {"key": "s", "value": {"stringValue": "x"}},
+        {"key": "b", "value": {"boolValue": True}},
+        {"key": "a", "value": {"arrayValue": {"values": [{"intValue": "1"}]}}},
+    ])
+    assert attrs == {"i": 123, "d": 1.5, "s": "x", "b": True, "a": [1]}
+
+
+def test_first_compile_is_the_slowest_step(report) -> None:
+    first = report.slow_steps[0]
+    assert (first.step, first.phase) == (0, sc.PHASE_COMPILE)
+
+
+def test_data_wait_spikes_are_blamed_on_the_straggler(report) -> None:
+    blamed = {s.step: s for s in report.slow_steps if s.phase == sc.PHASE_DATA_WAIT}
+    assert set(blamed) == set(SPEC.spike_steps)
+    for slow in blamed.values():
+        assert slow.rank == SPEC.straggler_rank
+        assert slow.phase_s == pytest.approx(SPEC.spike_s, abs=0.02)
+        assert 0.85 < slow.share < 0.95
+
+
+def test_cause_reads_as_one_line(report) -> None:
+    slow = next(s for s in report.slow_steps if s.step == 37)
+    assert slow.cause.startswith("step 37: rank 2 data wait 1.9")
+    assert slow.cause.endswith("% of step")
+
+
+def test_recompile_step_is_blamed_on_compile(report) -> None:
+    recompile = next(s for s in report.slow_steps if s.step == SPEC.recompile_step)
+    assert recompile.phase == sc.PHASE_COMPILE
+
+
+def test_straggler_is_the_rank_with_the_most_own_work(report) -> None:
+    assert report.straggler == SPEC.straggler_rank
+    assert report.straggler_busy_ratio > 1.05
+
+
+def test_per_rank_breakdown_covers_every_rank_and_phase(report) -> None:
+    assert [r.rank for r in report.rank_rows] == list(range(SPEC.ranks))
+    assert all(r.steps == SPEC.steps for r in report.rank_rows)
+    assert set(report.phases) == {*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE}
+    waits = {r.rank: r.phase_mean_s[sc.PHASE_DATA_WAIT] for r in report.rank_rows}
+    assert max(waits, key=waits.get) == SPEC.straggler_rank
+    comm = {r.rank: r.phase_mean_s[sc.PHASE_EXPOSED_COMM] for r in report.rank_rows}
+    assert min(comm, key=comm.get) == SPEC.straggler_rank  # the others wait for it
+
+
+def test_collectives_are_summed_by_op(report) -> None:
+    (row,) = report.collectives
+    assert row.op == "all_reduce"
+    assert row.count == SPEC.ranks * SPEC.steps * 2
+    assert row.bytes == SPEC.ranks * SPEC.steps * 75_000_000
+    assert row.mean_bus_bw_gbps and row.max_bus_bw_gbps >= row.mean_bus_bw_gbps
+
+
+def test_compiles_and_recompiles_are_counted_with_reasons(report) -> None:
+    assert report.compile.compilations == SPEC.ranks * 2
+    assert report.compile.recompiles == SPEC.ranks
+    assert report.compile.reasons["first compile"] == SPEC.ranks
+    assert report.compile.graph_breaks == SPEC.ranks
+
+
+def test_resources_come_per_rank(report) -> None:
+    throttled = {r.rank: r.cpu_throttled_s for r in report.resources}
+    assert throttled[SPEC.straggler_rank] == pytest.approx(0.002 * SPEC.steps)
+    assert all(r.memory_peak_bytes > 20e9 for r in report.resources)
+    assert report.samples_per_s > 0 and report.dropped == {"spans": 0, "metrics": 0, "logs": 0}
+
+
+def test_timeline_of_a_slow_step_has_every_rank_and_its_collectives(report) -> None:
+    timeline = report.timelines[0]
+    assert {b.rank for b in timeline.bars} == set(range(SPEC.ranks))
+    kinds = {b.kind for b in timeline.bars}
+    assert {*sc.TIMED_PHASES, sc.PHASE_COMPILE, "collective"} <= kinds
+    assert all(0 <= b.start_s <= b.end_s <= timeline.duration_s + 1e-6 for b in timeline.bars)
+
+
+def test_breakdown_over_time_spans_all_sampled_steps(report) -> None:
+    bins = report.over_time
+    assert bins[0].first_step == 0 and bins[-1].last_step == SPEC.steps - 1
+    assert sum(b.phase_mean_s[sc.PHASE_COMPILE] for b in bins) > 0
+
+
+def test_collector_file_exporter_output_reads_the_same(run_dir: Path, tmp_path: Path) -> None:
+    """The collector writes one traces.jsonl for every rank: the report must not change."""
+    for signal in ("traces", "metrics", "logs"):
+        with open(tmp_path / f"{signal}.jsonl", "w", encoding="utf-8") as out:
+            for path in signal_files(run_dir, f"{signal}*.jsonl"):
+                out.write(path.read_text(encoding="utf-8"))
+    merged, per_rank = build_report(tmp_path, top=6), build_report(run_dir, top=6)
+    assert merged.to_dict() == per_rank.to_dict()
+
+
+def test_sampled_run_reports_sampled_of_trained_steps(tmp_path: Path) -> None:
+    run = write_run(RunSpec(ranks=2, steps=120, sample_ratio=0.3, spike_steps=()), tmp_path)
+    report = build_report(run)
+    assert report.trained_steps == 120
+    assert 15 < report.sampled_steps < 60
+
+
+def test_a_torn_last_line_is_skipped(run_dir: Path, tmp_path: Path) -> None:
+    path = tmp_path / "traces.jsonl"
+    text = signal_files(run_dir, sc.TRACES_GLOB)[0].read_text(encoding="utf-8")
+    path.write_text(text + text.splitlines()[0][:500], encoding="utf-8")  # killed mid-line
+    whole = sum(1 for _ in iter_spans([signal_files(run_dir, sc.TRACES_GLOB)[0]]))
+    assert sum(1 for _ in iter_spans([path])) == whole
+
+
+def test_cli_json_is_the_report(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(run_dir), "--json", "--top", "3"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["world_size"] == SPEC.ranks
+    assert data["slow_steps"][0]["cause"].startswith("step 0: rank")
+    assert len(data["slow_steps"]) == 3
+
+
+def test_cli_terminal_names_the_cause(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(run_dir.parent)]) == 0  # the root: its newest run is read
+    out = capsys.readouterr().out
+    assert "straggler: rank 2" in out
+    assert "step 37: rank 2 data wait" in out
+
+
+def test_cli_without_telemetry_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no traces" in capsys.readouterr().err
