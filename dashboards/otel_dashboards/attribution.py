@@ -19,7 +19,7 @@ def _step_time(board: dash.Dashboard) -> None:
             "ranks. Exemplars are sampled steps: each opens the step's trace in Tempo "
             "(trace_id exemplar label, linked by the Prometheus data source).",
             kit.prom(
-                f"sum by (le) (increase({names.STEP}_bucket{s}[$__rate_interval]))",
+                kit.bucket_increase(names.STEP, s),
                 legend="{{le}}",
                 exemplar=True,
                 heatmap_format=True,
@@ -124,9 +124,9 @@ def _efficiency(board: dash.Dashboard) -> None:
             "MFU: worst, median and best rank",
             "Model FLOPs utilisation (training_mfu_ratio) where FLOPs per step are known.",
             [
-                kit.prom(f"min({names.MFU}{s})", "worst rank", "A"),
-                kit.prom(f"quantile(0.5, {names.MFU}{s})", "median rank", "B"),
-                kit.prom(f"max({names.MFU}{s})", "best rank", "C"),
+                kit.prom(f"min({kit.gauge(names.MFU, s)})", "worst rank", "A"),
+                kit.prom(f"quantile(0.5, {kit.gauge(names.MFU, s)})", "median rank", "B"),
+                kit.prom(f"max({kit.gauge(names.MFU, s)})", "best rank", "C"),
             ],
             unit="percentunit",
             width=8,
@@ -138,8 +138,8 @@ def _efficiency(board: dash.Dashboard) -> None:
             "Fraction of communication hidden under computation (training_comm_overlap_ratio); "
             "the worst rank is the one exposing its collectives.",
             [
-                kit.prom(f"min({names.COMM_OVERLAP}{s})", "worst rank", "A"),
-                kit.prom(f"quantile(0.5, {names.COMM_OVERLAP}{s})", "median rank", "B"),
+                kit.prom(f"min({kit.gauge(names.COMM_OVERLAP, s)})", "worst rank", "A"),
+                kit.prom(f"quantile(0.5, {kit.gauge(names.COMM_OVERLAP, s)})", "median rank", "B"),
             ],
             unit="percentunit",
             width=8,
@@ -150,11 +150,17 @@ def _efficiency(board: dash.Dashboard) -> None:
             "Peak allocated and reserved memory: largest and median rank",
             "Allocator statistics per rank; a rank far above the median is an imbalanced shard.",
             [
-                kit.prom(f"max({names.MEMORY_PEAK}{s})", "peak allocated, largest rank", "A"),
                 kit.prom(
-                    f"quantile(0.5, {names.MEMORY_PEAK}{s})", "peak allocated, median rank", "B"
+                    f"max({kit.gauge(names.MEMORY_PEAK, s)})", "peak allocated, largest rank", "A"
                 ),
-                kit.prom(f"max({names.MEMORY_RESERVED}{s})", "reserved, largest rank", "C"),
+                kit.prom(
+                    f"quantile(0.5, {kit.gauge(names.MEMORY_PEAK, s)})",
+                    "peak allocated, median rank",
+                    "B",
+                ),
+                kit.prom(
+                    f"max({kit.gauge(names.MEMORY_RESERVED, s)})", "reserved, largest rank", "C"
+                ),
             ],
             unit="bytes",
             width=24,

@@ -15,7 +15,7 @@ from . import attribution, collectives, compile_health, kit, names, ranks
 UID = "otel-train-checklist"
 
 #: alert names read from ALERTS{alertname=...}; they must exist in prometheus/rules.yml
-ALERT_THROTTLING = "TrainingContainerCPUThrottled"
+ALERT_THROTTLING = "ContainerCPUThrottlingHigh"
 ALERT_STRAGGLER = "TrainingStragglerRank"
 ALERT_NAMES = (ALERT_THROTTLING, ALERT_STRAGGLER)
 #: straggler skew (slowest rank's p50 / median rank's p50) above which item 7 fails
@@ -171,7 +171,7 @@ def _item_throttling(board: dash.Dashboard) -> None:
             "Per-rank cgroup throttling measured",
             "training_cpu_throttled_time_seconds_total is reported by the run's ranks.",
             kit.prom(
-                f"(count({names.CPU_THROTTLED}{RUN}) > bool 0) or vector(0)",
+                f"(count({kit.gauge(names.CPU_THROTTLED, RUN)}) > bool 0) or vector(0)",
                 "measured",
                 instant=True,
             ),
@@ -337,7 +337,7 @@ def _item_distributions(board: dash.Dashboard) -> None:
             "A recompile storm shows as a count that keeps climbing after warm-up.",
             [
                 kit.prom(
-                    f"sum(increase({names.RECOMPILES}{s}[$__range])) or vector(0)",
+                    f"sum({kit.rate(names.RECOMPILES, s, '$__range', fn='increase')}) or vector(0)",
                     "recompiles",
                     instant=True,
                 )
@@ -351,7 +351,7 @@ def _item_distributions(board: dash.Dashboard) -> None:
             "Telemetry pipeline dropped nothing",
             "otel_train_telemetry_dropped_total did not grow over the range (spans, metrics, logs).",
             kit.prom(
-                f"(sum(increase({names.DROPPED}{s}[$__range])) or vector(0)) == bool 0",
+                f"(sum({kit.rate(names.DROPPED, s, '$__range', fn='increase')}) or vector(0)) == bool 0",
                 "no drops",
                 instant=True,
             ),
@@ -376,7 +376,7 @@ def build() -> dash.Dashboard:
         .description(
             'prometheus_rule_group_rules{rule_group} of otel-train\'s rules: "<file>;<group>"'
         )
-        .default_value(".*rules.yml;.*")
+        .default_value(".*;otel-train\\.alerts")
     )
     _item_traces(board)
     _item_exemplars(board)

@@ -68,7 +68,7 @@ def _latency(board: dash.Dashboard) -> None:
             "Bucket increases of training_collective_duration_seconds over all ops and ranks "
             "selected; exemplars lead to the collective's span.",
             kit.prom(
-                f"sum by (le) (increase({names.COLLECTIVE}_bucket{s}[$__rate_interval]))",
+                kit.bucket_increase(names.COLLECTIVE, s),
                 "{{le}}",
                 exemplar=True,
                 heatmap_format=True,

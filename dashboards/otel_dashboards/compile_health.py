@@ -24,7 +24,7 @@ def _compile_time(board: dash.Dashboard) -> None:
             "Bucket increases of training_compile_duration_seconds; exemplars open the "
             "train.compile span (with compile.reason).",
             kit.prom(
-                f"sum by (le) (increase({names.COMPILE}_bucket{s}[$__rate_interval]))",
+                kit.bucket_increase(names.COMPILE, s),
                 "{{le}}",
                 exemplar=True,
                 heatmap_format=True,
@@ -48,7 +48,7 @@ def _compile_time(board: dash.Dashboard) -> None:
             "Total seconds each rank spent compiling in the selected range.",
             [
                 kit.prom(
-                    f"sum by ({names.RANK}) (increase({names.COMPILE}_sum{s}[$__range]))",
+                    f"sum by ({names.RANK}) ({kit.rate(names.COMPILE + '_sum', s, '$__range', fn='increase')})",
                     RANK_LEGEND,
                     instant=True,
                 )
@@ -62,7 +62,7 @@ def _compile_time(board: dash.Dashboard) -> None:
             "Compile events per rank (one per compiled graph or recompile).",
             [
                 kit.prom(
-                    f"sum by ({names.RANK}) (increase({names.COMPILE}_count{s}[$__range]))",
+                    f"sum by ({names.RANK}) ({kit.rate(names.COMPILE + '_count', s, '$__range', fn='increase')})",
                     RANK_LEGEND,
                     instant=True,
                 )
@@ -81,7 +81,7 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
             "New graph breaks per interval by compile_reason, summed over selected ranks.",
             [
                 kit.prom(
-                    f"sum by ({names.REASON}) (increase({names.GRAPH_BREAKS}{s}[$__rate_interval]))",
+                    f"sum by ({names.REASON}) ({kit.rate(names.GRAPH_BREAKS, s, fn='increase')})",
                     REASON_LEGEND,
                 )
             ],
@@ -96,7 +96,7 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
             "storm (dynamic shapes, changing Python values).",
             [
                 kit.prom(
-                    f"sum by ({names.REASON}) (increase({names.RECOMPILES}{s}[$__rate_interval]))",
+                    f"sum by ({names.REASON}) ({kit.rate(names.RECOMPILES, s, fn='increase')})",
                     REASON_LEGEND,
                 )
             ],
@@ -111,12 +111,12 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
             "diverged (different shapes or control flow) and will stall the collectives.",
             [
                 kit.prom(
-                    f"max(sum by ({names.RANK}) ({names.COMPILE}_count{s})) - min(sum by ({names.RANK}) ({names.COMPILE}_count{s}))",
+                    f"max(sum by ({names.RANK}) ({kit.gauge(names.COMPILE + '_count', s)})) - min(sum by ({names.RANK}) ({kit.gauge(names.COMPILE + '_count', s)}))",
                     "graphs compiled: max - min rank",
                     "A",
                 ),
                 kit.prom(
-                    f"max(sum by ({names.RANK}) ({names.RECOMPILES}{s})) - min(sum by ({names.RANK}) ({names.RECOMPILES}{s}))",
+                    f"max(sum by ({names.RANK}) ({kit.gauge(names.RECOMPILES, s)})) - min(sum by ({names.RANK}) ({kit.gauge(names.RECOMPILES, s)}))",
                     "recompiles: max - min rank",
                     "B",
                 ),
@@ -131,7 +131,7 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
             "up on the frame and runs it eagerly from then on.",
             [
                 kit.prom(
-                    f"sum by ({names.RANK}) (increase({names.RECOMPILES}{LIMIT_SEL}[$__rate_interval]))",
+                    f"sum by ({names.RANK}) ({kit.rate(names.RECOMPILES, LIMIT_SEL, fn='increase')})",
                     RANK_LEGEND,
                 )
             ],

@@ -52,8 +52,27 @@ def sel(*matchers: str, rank: bool = True) -> str:
     return "{" + ", ".join(parts) + "}"
 
 
-def rate(metric: str, selector: str, window: str = "$__rate_interval") -> str:
-    return f"rate({metric}{selector}[{window}])"
+def _identity(metric: str) -> tuple[str, ...]:
+    """Labels that tell one series of ``metric`` (a name, maybe _bucket/_sum/_count) apart."""
+    base, _, suffix = metric.rpartition("_")
+    if suffix not in ("bucket", "sum", "count"):
+        base = metric
+    labels = (names.RUN, names.RANK, *names.IDENTITY.get(base, ()))
+    return (*labels, "le") if suffix == "bucket" else labels
+
+
+def dedup(expr: str, metric: str) -> str:
+    """One copy per series: a rank's series can arrive twice (its own endpoint and the
+    collector's exporter, differing only in job/instance), as prometheus/rules.yml notes."""
+    return f"max by ({', '.join(_identity(metric))}) ({expr})"
+
+
+def rate(metric: str, selector: str, window: str = "$__rate_interval", fn: str = "rate") -> str:
+    return dedup(f"{fn}({metric}{selector}[{window}])", metric)
+
+
+def gauge(metric: str, selector: str) -> str:
+    return dedup(f"{metric}{selector}", metric)
 
 
 def quantile(
@@ -66,6 +85,11 @@ def quantile(
     """``histogram_quantile`` of a classic histogram, grouped by ``by`` besides ``le``."""
     grouping = ", ".join(["le", *by])
     return f"histogram_quantile({phi}, sum by ({grouping}) ({rate(histogram + '_bucket', selector, window)}))"
+
+
+def bucket_increase(histogram: str, selector: str) -> str:
+    """Bucket increases per interval over the selection: the heatmap's cells."""
+    return f"sum by (le) ({rate(histogram + '_bucket', selector, fn='increase')})"
 
 
 def per_rank_quantile(

@@ -51,6 +51,16 @@ CPU_THROTTLED = "training_cpu_throttled_time_seconds_total"
 MFU = "training_mfu_ratio"
 DROPPED = semconv.PROM_TELEMETRY_DROPPED
 
+#: labels besides run and rank that identify a series of each metric
+IDENTITY = {
+    PHASE_DURATION: (PHASE,),
+    COLLECTIVE: (OP, BACKEND),
+    COLLECTIVE_BYTES: (OP,),
+    GRAPH_BREAKS: (REASON,),
+    RECOMPILES: (REASON,),
+    DROPPED: (SIGNAL,),
+}
+
 # cAdvisor (kubelet /metrics/cadvisor); its series carry namespace/pod/container, not ranks.
 CADVISOR_THROTTLED = "container_cpu_cfs_throttled_periods_total"
 CADVISOR_PERIODS = "container_cpu_cfs_periods_total"
