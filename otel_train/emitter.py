@@ -136,6 +136,9 @@ class Emitter:
         self._stop.set()
         self._thread.join(timeout_s)
 
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         while not self._stop.wait(self.cfg.emit_interval_s):
             self.pump()

@@ -23,11 +23,12 @@ from otel_train.export.logs import LogCapture, LogContext, internal_logger
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.providers import Pipeline, choose_exporter
 from otel_train.identity import Identity
-from otel_train.recorder import Recorder
+from otel_train.recorder import EVENT, Recorder
 from otel_train.sources.steps import StepHooks, StepTracker
 
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None
+_RUN_END = "otel_train.run_end"
 
 
 def instrument(
@@ -216,7 +217,8 @@ class Instrumentation:
                 _active = None
 
     def _stop(self, exc: BaseException | None) -> None:
-        assert self.tracker and self.emitter and self.identity
+        assert self.tracker is not None and self.emitter is not None
+        assert self.identity is not None and self.recorder is not None
         cfg = self.config
         self.tracker.close()
         self._hooks.remove()
@@ -226,13 +228,13 @@ class Instrumentation:
         self.log.info("otel_train.stop", status=status, steps=self.tracker.step,
                       error=repr(exc) if exc is not None else None)
         self._logs.remove()
+        # The run spans are built by the emitter too, after every record before them.
+        self.emitter.on_event(_RUN_END, lambda payload: self._run_spans(*payload))
+        self.recorder.put_always((EVENT, _RUN_END, (end_perf, exc)))
         self.emitter.stop(max(0.0, deadline - time.monotonic()))
-        if self.emitter._thread.is_alive():
-            warnings.warn("otel-train: the emitter did not finish in time; the run span is "
-                          "not exported", ConfigWarning, stacklevel=4)
-        else:
-            self._run_spans(end_perf, exc)
-            self.emitter.report_drops()
+        if self.emitter.alive():
+            warnings.warn("otel-train: the emitter did not finish in time; the last records "
+                          "and the run span are not exported", ConfigWarning, stacklevel=4)
         self.flushed = self._pipeline.shutdown(max(0.1, deadline - time.monotonic()))
         self.dropped = dict(self.emitter.total_dropped())
         if self._prometheus is not None:

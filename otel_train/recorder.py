@@ -43,6 +43,10 @@ class Recorder:
             return
         self._queue.append(record)
 
+    def put_always(self, record: tuple[Any, ...]) -> None:
+        """Append past the capacity: for the few records of setup and teardown only."""
+        self._queue.append(record)
+
     def drain(self, limit: int = 1 << 30) -> list[tuple[Any, ...]]:
         """Everything buffered so far (up to ``limit`` records), oldest first."""
         out = []

@@ -1,0 +1,256 @@
+"""``otel-train demo``: a small instrumented distributed training run on the CPU.
+
+Launches N ranks with gloo, trains a small transformer language model (sharded with FSDP2
+``fully_shard``, or wrapped in DDP) compiled with ``torch.compile``, on a DataLoader with
+worker processes, writes telemetry to a run directory and prints a per-phase, per-rank
+summary read back from the exported traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from otel_train import semconv
+
+VOCAB = 256
+
+
+class TinyLM(nn.Module):
+    """A decoder-only transformer language model, small enough to train on two CPU cores."""
+
+    def __init__(self, dim: int = 64, layers: int = 2, heads: int = 4, seq_len: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, dim)
+        self.pos = nn.Parameter(torch.zeros(seq_len, dim))
+        self.blocks = nn.ModuleList(
+            nn.TransformerEncoderLayer(dim, heads, dim * 4, dropout=0.0, batch_first=True,
+                                       norm_first=True)
+            for _ in range(layers)
+        )
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, VOCAB, bias=False)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len),
+                             persistent=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) + self.pos[: tokens.shape[1]]
+        mask = self.mask[: tokens.shape[1], : tokens.shape[1]]
+        for block in self.blocks:
+            h = block(h, src_mask=mask, is_causal=True)
+        return self.head(self.norm(h))
+
+
+class CopyTask(Dataset):
+    """Random token sequences of a repeating pattern: learnable, deterministic per index."""
+
+    def __init__(self, size: int, seq_len: int) -> None:
+        self.size, self.seq_len = size, seq_len
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(index)
+        period = int(torch.randint(2, 8, (1,), generator=g))
+        pattern = torch.randint(0, VOCAB, (period,), generator=g)
+        return pattern.repeat(self.seq_len // period + 2)[: self.seq_len + 1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model: nn.Module = TinyLM(seq_len=args.seq_len)
+    if args.parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    else:
+        model = nn.parallel.DistributedDataParallel(model)
+    if args.compile:
+        model = torch.compile(model, backend=args.backend)
+    return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
+
+
+def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.ranks))
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    import otel_train
+
+    try:
+        model, opt = _build(args)
+        data = CopyTask(args.steps * args.batch_size * args.ranks, args.seq_len)
+        sampler = torch.utils.data.distributed.DistributedSampler(data, shuffle=False)
+        loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
+                            num_workers=args.workers, persistent_workers=args.workers > 0)
+        with otel_train.instrument(model, optimizer=opt, run_id=args.run_id,
+                                   output_dir=args.output_dir) as inst:
+            _train(model, opt, loader, args, rank)
+        if rank == 0:
+            print(json.dumps({"run_id": inst.run_id,
+                              "run_dir": str(inst.run_dir) if inst.run_dir else None,
+                              "dropped": inst.dropped}), flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def _train(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader,
+           args: argparse.Namespace, rank: int) -> None:
+    import structlog
+
+    log = structlog.get_logger("demo")
+    progress = _progress(rank, args.steps)
+    for step, batch in enumerate(loader):
+        if step >= args.steps:
+            break
+        if args.slow_rank == rank and step % 5 == 4:
+            time.sleep(0.2)  # a deliberate straggler, for the report to find
+        inputs, targets = batch[:, :-1], batch[:, 1:]
+        logits = model(inputs)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 10 == 0:
+            log.info("demo.loss", loss=round(float(loss.detach()), 4))
+        progress(step)
+
+
+def _progress(rank: int, total: int) -> Any:
+    if rank != 0:
+        return lambda step: None
+    from rich.progress import Progress
+
+    bar = Progress(transient=False)
+    task = bar.add_task("training (rank 0)", total=total)
+    bar.start()
+
+    def advance(step: int) -> None:
+        bar.update(task, completed=step + 1)
+        if step + 1 >= total:
+            bar.stop()
+
+    return advance
+
+
+# --- summary -----------------------------------------------------------------------------
+
+
+def _attrs(span: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for kv in span.get("attributes", []):
+        value = kv["value"]
+        out[kv["key"]] = next(iter(value.values())) if value else None
+    return out
+
+
+def summarize(run_dir: Path) -> dict[int, dict[str, float]]:
+    """Mean seconds per phase (and per step) for each rank, from the rank_step spans."""
+    sums: dict[int, dict[str, float]] = {}
+    counts: dict[int, int] = {}
+    for path in sorted(run_dir.glob(semconv.TRACES_GLOB)):
+        for line in path.open():
+            for rs in json.loads(line).get("resourceSpans", []):
+                for ss in rs.get("scopeSpans", []):
+                    for span in ss.get("spans", []):
+                        if span["name"] != semconv.SPAN_RANK_STEP:
+                            continue
+                        attrs = _attrs(span)
+                        rank = int(attrs[semconv.ATTR_RANK])
+                        row = sums.setdefault(rank, {})
+                        counts[rank] = counts.get(rank, 0) + 1
+                        row["step"] = row.get("step", 0.0) + float(
+                            attrs[semconv.ATTR_STEP_DURATION])
+                        for key, value in attrs.items():
+                            if key.startswith(semconv.ATTR_PHASE_TOTAL_PREFIX):
+                                phase = key[len(semconv.ATTR_PHASE_TOTAL_PREFIX):]
+                                row[phase] = row.get(phase, 0.0) + float(value)
+    return {rank: {k: v / counts[rank] for k, v in row.items()} for rank, row in sums.items()}
+
+
+def print_summary(run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    means = summarize(run_dir)
+    phases = [p for p in semconv.TIMED_PHASES if any(p in row for row in means.values())]
+    table = Table(title=f"Mean time per step (ms), run {run_dir.name}")
+    for column in ["rank", "step", *phases, "other"]:
+        table.add_column(column, justify="right")
+    for rank in sorted(means):
+        row = means[rank]
+        other = row["step"] - sum(row.get(p, 0.0) for p in phases)
+        table.add_row(str(rank), *(f"{row.get(c, 0.0) * 1e3:.1f}" for c in ["step", *phases]),
+                      f"{other * 1e3:.1f}")
+    Console(stderr=False).print(table)
+
+
+# --- command -----------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ranks < 1 or args.steps < 1:
+        print("otel-train demo: --ranks and --steps must be at least 1", file=sys.stderr)
+        return 2
+    args.compile = not args.no_compile
+    args.output_dir = str(Path(args.output_dir or os.environ.get(
+        "OTEL_TRAIN_OUTPUT_DIR", semconv.OUTPUT_DIR_DEFAULT)).resolve())
+    if args.run_id is None:
+        import uuid
+
+        args.run_id = f"demo-{uuid.uuid4().hex[:12]}"
+    port = _free_port()
+    print(f"otel-train demo: {args.ranks} ranks, {args.parallel}"
+          f"{' + torch.compile' if args.compile else ''}, {args.steps} steps, "
+          f"run {args.run_id}", file=sys.stderr)
+    mp.start_processes(_rank_main, args=(args, port), nprocs=args.ranks, join=True,
+                       start_method="spawn")
+    run_dir = Path(args.output_dir) / args.run_id
+    if run_dir.is_dir():
+        print_summary(run_dir)
+        print(f"telemetry: {run_dir}")
+    else:
+        print("telemetry went to the configured OTLP endpoint", file=sys.stderr)
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("demo", help="train a small model on N CPU ranks, instrumented",
+                              description=__doc__)
+    p.add_argument("--ranks", type=int, default=2, help="number of ranks (default 2)")
+    p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    p.add_argument("--parallel", choices=("fsdp2", "ddp"), default="fsdp2")
+    p.add_argument("--ddp", dest="parallel", action="store_const", const="ddp",
+                   help="shorthand for --parallel ddp")
+    p.add_argument("--no-compile", action="store_true", help="run eagerly")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=32)
+    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    p.add_argument("--output-dir", help="root of run directories "
+                   "(default $OTEL_TRAIN_OUTPUT_DIR or ./otel-train-runs)")
+    p.add_argument("--run-id", help="run id (default: demo-<random>)")
+    p.add_argument("--slow-rank", type=int, default=None,
+                   help="make this rank sleep 0.2 s every 5th step (a straggler)")
+    p.set_defaults(func=run)
