@@ -91,7 +91,7 @@ def _build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 
-def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
+def _rank_main(rank: int, args: argparse.Namespace, port: int, results: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.ranks))
@@ -108,9 +108,9 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int) -> None:
                                    output_dir=args.output_dir) as inst:
             _train(model, opt, loader, args, rank)
         if rank == 0:
-            print(json.dumps({"run_id": inst.run_id,
-                              "run_dir": str(inst.run_dir) if inst.run_dir else None,
-                              "dropped": inst.dropped}), flush=True)
+            results.put({"run_id": inst.run_id,
+                         "run_dir": str(inst.run_dir) if inst.run_dir else None,
+                         "dropped": inst.dropped})
     finally:
         dist.destroy_process_group()
 
@@ -216,22 +216,17 @@ def run(args: argparse.Namespace) -> int:
     args.compile = not args.no_compile
     args.output_dir = str(Path(args.output_dir or os.environ.get(
         "OTEL_TRAIN_OUTPUT_DIR", semconv.OUTPUT_DIR_DEFAULT)).resolve())
-    if args.run_id is None:
-        import uuid
-
-        args.run_id = f"demo-{uuid.uuid4().hex[:12]}"
     port = _free_port()
     print(f"otel-train demo: {args.ranks} ranks, {args.parallel}"
-          f"{' + torch.compile' if args.compile else ''}, {args.steps} steps, "
-          f"run {args.run_id}", file=sys.stderr)
-    mp.start_processes(_rank_main, args=(args, port), nprocs=args.ranks, join=True,
+          f"{' + torch.compile' if args.compile else ''}, {args.steps} steps",
+          file=sys.stderr)
+    results = mp.get_context("spawn").SimpleQueue()
+    mp.start_processes(_rank_main, args=(args, port, results), nprocs=args.ranks, join=True,
                        start_method="spawn")
-    run_dir = Path(args.output_dir) / args.run_id
-    if run_dir.is_dir():
-        print_summary(run_dir)
-        print(f"telemetry: {run_dir}")
-    else:
-        print("telemetry went to the configured OTLP endpoint", file=sys.stderr)
+    result = results.get()
+    if result["run_dir"]:
+        print_summary(Path(result["run_dir"]))
+    print(json.dumps(result))
     return 0
 
 
@@ -250,7 +245,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
     p.add_argument("--output-dir", help="root of run directories "
                    "(default $OTEL_TRAIN_OUTPUT_DIR or ./otel-train-runs)")
-    p.add_argument("--run-id", help="run id (default: demo-<random>)")
+    p.add_argument("--run-id", help="run id (default: the launcher's, or rank 0's broadcast)")
     p.add_argument("--slow-rank", type=int, default=None,
                    help="make this rank sleep 0.2 s every 5th step (a straggler)")
     p.set_defaults(func=run)

@@ -1,0 +1,77 @@
+"""Settings: arguments over OTEL_TRAIN_* over OTEL_*; a bad value is one warning and a default."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import sampling
+
+from otel_train import config
+from otel_train.config import ConfigWarning
+
+
+def test_defaults_without_environment():
+    cfg = config.load({})
+    assert cfg.service_name == "otel-train"
+    assert cfg.output_dir == Path("otel-train-runs")
+    assert cfg.exporter == "auto" and cfg.prometheus_port is None
+    assert isinstance(cfg.sampler(), sampling.ParentBased)
+
+
+def test_environment_is_read():
+    cfg = config.load({
+        "OTEL_SERVICE_NAME": "llm-pretrain", "OTEL_TRAIN_OUTPUT_DIR": "/data/runs",
+        "OTEL_TRAIN_EXPORTER": "FILE", "OTEL_TRAIN_QUEUE_SIZE": "1024",
+        "OTEL_TRAIN_EMIT_INTERVAL_MS": "50", "OTEL_TRAIN_PROMETHEUS_PORT": "9464",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        "OTEL_TRAIN_RUN_ID": "job-42", "OTEL_TRAIN_CAPTURE_LOGS": "false",
+    })
+    assert cfg.service_name == "llm-pretrain" and cfg.output_dir == Path("/data/runs")
+    assert cfg.exporter == "file" and cfg.queue_size == 1024 and cfg.emit_interval_s == 0.05
+    assert cfg.prometheus_port == 9464 and cfg.run_id == "job-42" and not cfg.capture_logs
+    sampler = cfg.sampler()
+    assert isinstance(sampler, sampling.ParentBased) and "0.25" in sampler.get_description()
+
+
+def test_arguments_override_the_environment():
+    cfg = config.load({"OTEL_TRAIN_QUEUE_SIZE": "10", "OTEL_SERVICE_NAME": "env"},
+                      queue_size=99, service_name="arg", run_id=None)
+    assert cfg.queue_size == 99 and cfg.service_name == "arg"
+
+
+@pytest.mark.parametrize("name,value,field,default", [
+    ("OTEL_TRAIN_QUEUE_SIZE", "-3", "queue_size", 65536),
+    ("OTEL_TRAIN_QUEUE_SIZE", "lots", "queue_size", 65536),
+    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "nan", "emit_interval_s", 0.2),
+    ("OTEL_TRAIN_PROMETHEUS_PORT", "70000", "prometheus_port", None),
+    ("OTEL_TRAIN_EXPORTER", "kafka", "exporter", "auto"),
+    ("OTEL_TRAIN_RUN_ID", "../../etc", "run_id", None),
+    ("OTEL_TRAIN_LOG_LEVEL", "loud", "console_log_level", "info"),
+    ("OTEL_TRAIN_CAPTURE_LOGS", "maybe", "capture_logs", True),
+    ("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", "0", "shutdown_timeout_s", 10.0),
+    ("OTEL_TRACES_SAMPLER", "sometimes", "sampler_name", "parentbased_always_on"),
+])
+def test_a_bad_value_gives_one_warning_and_the_default(name, value, field, default):
+    with pytest.warns(ConfigWarning) as caught:
+        cfg = config.load({name: value})
+    assert len(caught) == 1 and name in str(caught[0].message)
+    assert getattr(cfg, field) == default
+
+
+def test_a_bad_sampler_ratio_falls_back_to_one():
+    with pytest.warns(ConfigWarning, match="OTEL_TRACES_SAMPLER_ARG"):
+        cfg = config.load({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"})
+    assert cfg.sampler_arg == 1.0
+
+
+def test_good_values_give_no_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.load({"OTEL_TRAIN_QUEUE_SIZE": " 512 ", "OTEL_TRACES_SAMPLER": "always_off"})
+
+
+def test_an_unknown_argument_is_a_programming_error():
+    with pytest.raises(TypeError, match="queue_sise"):
+        config.load({}, queue_sise=3)
