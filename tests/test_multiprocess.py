@@ -9,9 +9,9 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+import otlp_files
 import pytest
 
-import otlp_files
 from otel_train import identity, semconv
 
 pytestmark = pytest.mark.slow

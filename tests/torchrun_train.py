@@ -4,9 +4,9 @@ import sys
 
 import torch
 import torch.distributed as dist
+import training
 
 import otel_train
-import training
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
