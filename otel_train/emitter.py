@@ -53,6 +53,10 @@ class StepInfo:
     rank_step_context: SpanContext
     #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end)
     phase_spans: list[tuple[str, int, SpanContext, int, int]]
+    #: phase intervals on the training thread's perf_counter clock: (phase, micro, start, end)
+    phase_intervals: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
+    #: extra attributes for the train.rank_step span, set by pre-step listeners
+    extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _attr_value(value: Any) -> Any:
@@ -90,6 +94,7 @@ class Emitter:
         self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
         self._handlers: dict[str, Callable[[Any], None]] = {}
         self._step_listeners: list[Callable[[StepInfo], None]] = []
+        self._pre_step_listeners: list[Callable[[StepInfo], None]] = []
         self._reported_drops: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-train-emitter", daemon=True)
@@ -125,8 +130,14 @@ class Emitter:
         self._handlers[source] = handler
 
     def on_step(self, listener: Callable[[StepInfo], None]) -> None:
-        """Called with each finished step, after its spans are built."""
+        """Called with each finished step, after its spans are built and its metrics recorded:
+        child spans go under ``info.phase_spans`` / ``info.rank_step_context`` from here."""
         self._step_listeners.append(listener)
+
+    def before_step(self, listener: Callable[[StepInfo], None]) -> None:
+        """Called with each finished step before its spans and metrics: may add to
+        ``info.phase_totals`` (e.g. exposed_comm, compile) and ``info.extra_attributes``."""
+        self._pre_step_listeners.append(listener)
 
     # --- thread ----------------------------------------------------------------------
     def start(self) -> None:
@@ -189,7 +200,10 @@ class Emitter:
         rank_ctx = SpanContext(trace_id, identity.rank_step_span_id(ident.run_id, step, ident.rank),
                                is_remote=False, trace_flags=_SAMPLED if sampled else TraceFlags(0))
         info = StepInfo(step, self.wall(start), self.wall(end), micro_batches, samples, tokens,
-                        totals, sampled, trace_id, rank_ctx, [])
+                        totals, sampled, trace_id, rank_ctx, [],
+                        [(r[2], r[3], r[4], r[5]) for r in phases])
+        for listener in self._pre_step_listeners:
+            listener(info)
         if sampled:
             self._step_spans(info, phases)
         self._step_metrics(info, duration_s)
@@ -245,6 +259,7 @@ class Emitter:
             semconv.ATTR_SAMPLES: info.samples,
             semconv.ATTR_TOKENS: info.tokens,
             **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in info.phase_totals.items()},
+            **info.extra_attributes,
         }
         self.span(semconv.SPAN_RANK_STEP, root_ctx, info.start_ns, info.end_ns, rank_attrs,
                   span_id=info.rank_step_context.span_id, links=self._links())

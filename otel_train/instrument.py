@@ -16,7 +16,7 @@ import torch
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_train import config as config_mod
-from otel_train import identity, semconv
+from otel_train import identity, semconv, sources
 from otel_train.config import Config, ConfigWarning
 from otel_train.emitter import Emitter
 from otel_train.export.logs import LogCapture, LogContext, internal_logger
@@ -25,6 +25,9 @@ from otel_train.export.providers import Pipeline, choose_exporter
 from otel_train.identity import Identity
 from otel_train.recorder import EVENT, Recorder
 from otel_train.sources.steps import StepHooks, StepTracker
+
+#: what else is observed, beside steps: "module:Class" of each source (see sources/__init__.py)
+SOURCES: tuple[str, ...] = ()
 
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None
@@ -153,6 +156,9 @@ class Instrumentation:
         self.emitter.start()
         self._hooks = StepHooks(self.tracker)
         self._install_hooks()
+        self._sources = sources.start_all(SOURCES, sources.RunContext(
+            config=cfg, identity=ident, recorder=self.recorder, tracker=self.tracker,
+            emitter=self.emitter, meter=pipeline.meter, log=self.log, model=self._model))
         self._write_run_json(ident)
         self._setup_end_perf = time.perf_counter_ns()
         self._offset = offset
@@ -222,6 +228,7 @@ class Instrumentation:
         cfg = self.config
         self.tracker.close()
         self._hooks.remove()
+        sources.stop_all(self._sources, self.log)
         end_perf = time.perf_counter_ns()
         deadline = time.monotonic() + cfg.shutdown_timeout_s
         status = "error" if exc is not None else "ok"

@@ -16,7 +16,7 @@ from otel_train.analysis.model import (
     SlowStep,
     StepTimeline,
 )
-from otel_train.analysis.otlp import Span, resolve_run_dir
+from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
 from otel_train.analysis.traces import PHASES, TraceDigest, read_traces, spans_of_traces
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
@@ -25,7 +25,11 @@ SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
 
 def build_report(run: Path, top: int = 10, timelines: int = 3) -> Report:
     """The report of the run directory ``run`` (or the newest run under it)."""
-    run_dir = resolve_run_dir(run)
+    with paused_gc():
+        return _build(resolve_run_dir(run), top, timelines)
+
+
+def _build(run_dir: Path, top: int, timelines: int) -> Report:
     traces, metrics = read_traces(run_dir), read_metrics(run_dir)
     table = traces.table
     by_rank = st.rows_by_rank(table)

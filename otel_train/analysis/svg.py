@@ -11,7 +11,7 @@ from otel_train.analysis.model import Report, StepTimeline
 COLORS = {
     "data_wait": "#e4572e", "forward": "#17becf", "backward": "#1f77b4",
     "optimizer": "#9467bd", "exposed_comm": "#f2a541", "compile": "#7f7f7f",
-    "collective": "#2ca02c",
+    "collective": "#2ca02c", "untimed": "#c7c7c7",
 }
 WIDTH, LEFT, RIGHT = 960, 70, 20
 PLOT_W = WIDTH - LEFT - RIGHT

@@ -16,8 +16,10 @@ from pathlib import Path
 from otel_train import semconv as sc
 from otel_train.analysis.otlp import Span, iter_spans, signal_files
 
+#: a rank's step time that no phase span covers (e.g. user code between the phases)
+UNTIMED = "untimed"
 #: phases in the order the report shows them
-PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE)
+PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
 
@@ -35,9 +37,17 @@ class StepTable:
         attrs = span.attributes
         self.steps.append(int(attrs.get(sc.ATTR_STEP, -1)))
         self.ranks.append(int(attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0))))
-        self.durations.append(float(attrs.get(sc.ATTR_STEP_DURATION, span.duration_s)))
+        duration = float(attrs.get(sc.ATTR_STEP_DURATION, span.duration_s))
+        self.durations.append(duration)
+        timed = 0.0
         for phase, column in self.phases.items():
-            column.append(float(attrs.get(sc.ATTR_PHASE_TOTAL_PREFIX + phase, 0.0)))
+            if phase != UNTIMED:
+                seconds = float(attrs.get(sc.ATTR_PHASE_TOTAL_PREFIX + phase, 0.0))
+                column.append(seconds)
+                timed += seconds
+        # below a millisecond it is clock noise, not work nobody timed
+        untimed = duration - timed
+        self.phases[UNTIMED].append(untimed if untimed > 1e-3 else 0.0)
 
     def __len__(self) -> int:
         return len(self.steps)

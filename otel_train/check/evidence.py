@@ -12,7 +12,13 @@ from pathlib import Path
 
 from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
-from otel_train.analysis.otlp import Span, iter_log_records, iter_spans, signal_files
+from otel_train.analysis.otlp import (
+    Span,
+    iter_log_records,
+    iter_spans,
+    paused_gc,
+    signal_files,
+)
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 
@@ -29,10 +35,11 @@ class TraceEvidence:
     spans: int = 0
     world_size: int = 0
     ranks: set[int] = field(default_factory=set)
-    step_traces: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
+    step_trace: dict[int, str] = field(default_factory=dict)  # the first trace id seen
+    extra_traces: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     roots: dict[int, str] = field(default_factory=dict)  # step: train.step span id
     rank_step_parents: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
-    #: (step, phase or "rank_step"): bitmask of ranks; and the span count per (step, phase)
+    #: (step, phase or "rank_step"): bitmask of the ranks seen, and the number of spans
     rank_masks: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
     span_counts: Counter = field(default_factory=Counter)
     run_spans: dict[int, RunSpan] = field(default_factory=dict)
@@ -59,7 +66,8 @@ class TraceEvidence:
             self._add_step_span(span, int(step), None if rank is None else int(rank))
 
     def _add_step_span(self, span: Span, step: int, rank: int | None) -> None:
-        self.step_traces[step].add(span.trace_id)
+        if self.step_trace.setdefault(step, span.trace_id) != span.trace_id:
+            self.extra_traces[step].add(span.trace_id)
         if span.name == sc.SPAN_STEP:
             self.roots[step] = span.span_id
             return
@@ -69,7 +77,7 @@ class TraceEvidence:
         if kind == "rank_step":
             self.rank_step_parents[step].add(span.parent_id)
         self.rank_masks[(step, kind)] |= 1 << rank
-        self.span_counts[(step, kind, rank)] += 1
+        self.span_counts[(step, kind)] += 1
 
 
 @dataclass
@@ -104,6 +112,11 @@ class RunEvidence:
 
 
 def gather(run_dir: Path) -> RunEvidence:
+    with paused_gc():
+        return _gather(run_dir)
+
+
+def _gather(run_dir: Path) -> RunEvidence:
     metrics = read_metrics(run_dir)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars}
     target_traces = {t for t, _ in targets}

@@ -52,18 +52,18 @@ def trace_coverage(ev: RunEvidence) -> CheckResult:
 
 
 def same_trace_across_ranks(ev: RunEvidence) -> CheckResult:
-    split = [f"step {s}: {len(ids)} trace ids" for s, ids in sorted(ev.traces.step_traces.items())
-             if len(ids) > 1]
+    t = ev.traces
+    split = [f"step {s}: {len(ids) + 1} trace ids" for s, ids in sorted(t.extra_traces.items())]
     owners: dict[str, int] = {}
     shared = []
-    for step, ids in sorted(ev.traces.step_traces.items()):
-        for trace_id in ids:
-            if owners.setdefault(trace_id, step) != step:
-                shared.append(f"steps {owners[trace_id]} and {step}")
-    ok = not split and not shared and bool(ev.traces.step_traces)
+    for step, trace_id in sorted(t.step_trace.items()):
+        for tid in (trace_id, *t.extra_traces.get(step, ())):
+            if owners.setdefault(tid, step) != step:
+                shared.append(f"steps {owners[tid]} and {step}")
+    ok = not split and not shared and bool(t.step_trace)
     if ok:
-        evidence = f"{len(ev.traces.step_traces)} steps, each in exactly one trace"
-    elif not ev.traces.step_traces:
+        evidence = f"{len(t.step_trace)} steps, each in exactly one trace"
+    elif not t.step_trace:
         evidence = "no spans carry training.step"
     else:
         evidence = "; ".join(filter(None, [
@@ -100,11 +100,13 @@ def sampling_consistency(ev: RunEvidence) -> CheckResult:
 
 
 def _uneven_counts(t: TraceEvidence) -> list[str]:
-    per_pair: dict[tuple[int, str], set[int]] = {}
-    for (step, kind, _), count in t.span_counts.items():
-        per_pair.setdefault((step, kind), set()).add(count)
-    return [f"step {s} {k}: {sorted(c)} spans per rank" for (s, k), c in sorted(per_pair.items())
-            if len(c) > 1]
+    """(step, kind) pairs whose spans do not divide evenly among the ranks that sent them."""
+    out = []
+    for (step, kind), count in sorted(t.span_counts.items()):
+        ranks = bin(t.rank_masks[(step, kind)]).count("1")
+        if count % ranks:
+            out.append(f"step {step} {kind}: {count} spans from {ranks} ranks")
+    return out
 
 
 CHECKS: tuple[Callable[[RunEvidence], CheckResult], ...] = (
