@@ -1,0 +1,141 @@
+"""Benchmark: ``otel-train report`` and ``otel-train check`` on 8 ranks x 10,000 steps.
+
+Writes the run with ``tests/report_fixtures.py`` (once; reused when already there), then runs
+each command ``--repeat`` times, each in a fresh process so peak RSS is its own, and writes a
+markdown table with the machine, versions, date, median and spread.
+
+    .venv/bin/python bench/bench_report.py --out bench/results/report.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+
+from report_fixtures import RunSpec, write_run  # noqa: E402
+
+# One measured command: wall time of the work and the process's peak RSS, as JSON.
+CHILD = """
+import json, os, resource, sys, time
+from pathlib import Path
+import otel_train.analysis.build, otel_train.analysis.html, otel_train.check.rundir
+base_mb = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+t0 = time.perf_counter()
+if sys.argv[1] == "report":
+    from otel_train.analysis.build import build_report
+    from otel_train.analysis.html import render_html
+    report = build_report(Path(sys.argv[2]))
+    render_html(report)
+else:
+    from otel_train.check.rundir import check_run_dir
+    check_run_dir(Path(sys.argv[2]))
+print(json.dumps({"s": time.perf_counter() - t0, "base_mb": base_mb,
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def ensure_run(root: Path, ranks: int, steps: int) -> tuple[Path, float]:
+    spec = RunSpec(ranks=ranks, steps=steps, run_id=f"bench-{ranks}x{steps}",
+                   straggler_rank=3, spike_steps=(812, 4000, 9001), recompile_step=5000,
+                   metrics_every=500)
+    run_dir = root / spec.run_id
+    if (run_dir / "run.json").exists():
+        return run_dir, 0.0
+    t0 = time.perf_counter()
+    write_run(spec, root)
+    return run_dir, time.perf_counter() - t0
+
+
+def measure(command: str, run_dir: Path, repeat: int) -> list[dict[str, float]]:
+    runs = []
+    for _ in range(repeat):
+        out = subprocess.run([sys.executable, "-c", CHILD, command, str(run_dir)], check=True,
+                             capture_output=True, text=True, cwd=REPO)
+        runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return runs
+
+
+def machine() -> str:
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")),
+               platform.processor())
+    mem_kb = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
+                      if line.startswith("MemTotal")))
+    return f"{os.cpu_count()} cores ({cpu}), {mem_kb / 2**20:.0f} GiB RAM, {platform.platform()}"
+
+
+def versions() -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=REPO).stdout.strip()
+    from importlib.metadata import version
+
+    return (f"Python {platform.python_version()}, rich {version('rich')}, "
+            f"otel-train {version('otel-train') if _installed() else 'src'} @ {commit}")
+
+
+def _installed() -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version("otel-train")
+        return True
+    except PackageNotFoundError:
+        return False
+
+
+def summary(name: str, runs: list[dict[str, float]]) -> str:
+    secs = sorted(r["s"] for r in runs)
+    rss = max(r["rss_mb"] for r in runs)
+    growth = max(r["rss_mb"] - r["base_mb"] for r in runs)
+    return (f"| {name} | {len(runs)} | {statistics.median(secs):.2f} | {secs[0]:.2f} – "
+            f"{secs[-1]:.2f} | {statistics.pstdev(secs):.2f} | {rss:.0f} | {growth:.0f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--data", type=Path, default=Path("/tmp/otel-train-bench"))
+    parser.add_argument("--out", type=Path, help="markdown file to write")
+    args = parser.parse_args()
+    run_dir, gen_s = ensure_run(args.data, args.ranks, args.steps)
+    size = sum(p.stat().st_size for p in run_dir.iterdir())
+    spans = sum(1 for p in run_dir.glob("traces*.jsonl") for line in open(p)
+                for _ in range(line.count('"spanId"')))
+    lines = [
+        f"# report/check benchmark: {args.ranks} ranks x {args.steps:,} steps",
+        "", f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- machine: {machine()}; load average before: {os.getloadavg()[0]:.2f} "
+        "(a shared development machine)", f"- versions: {versions()}",
+        f"- data: {size / 1e6:.0f} MB of OTLP JSON lines, {spans:,} spans "
+        f"(tests/report_fixtures.py{f', written in {gen_s:.0f} s' if gen_s else ''})",
+        "- each run in a fresh process; time is the command's work (report: both trace passes, "
+        "metrics pass, HTML rendering; check: every span, metric point and log record)", "",
+        "- peak RSS includes the imports (`import otel_train` pulls in torch: ~530 MB); "
+        "growth is the peak over the RSS after the imports, i.e. what reading the run costs", "",
+        "| command | runs | median s | min – max s | stdev s | peak RSS MB | growth MB |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [summary(f"`otel-train {cmd}`", measure(cmd, run_dir, args.repeat))
+              for cmd in ("report", "check")]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
