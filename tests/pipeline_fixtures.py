@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -221,6 +222,39 @@ class Collector:
 
     def log_tail(self) -> str:
         return self.process.log_tail() if self.process else ""
+
+    def telemetry(self) -> list[tuple[str, dict[str, str], float]]:
+        """The collector's own metrics: (name, labels, value) of every sample."""
+        status, text = http_get(f"http://127.0.0.1:{self.ports['telemetry']}/metrics")
+        assert status == 200, text[:500]
+        samples = []
+        for match in re.finditer(r"^(\w+)(?:\{(.*)\})? (\S+)$", text, flags=re.M):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group(2) or ""))
+            samples.append((match.group(1), labels, float(match.group(3))))
+        return samples
+
+    def drained(self) -> bool:
+        """Everything the receiver accepted is written to the trace and log files.
+
+        Compares the collector's own counters (received, sent by the file exporters) with
+        the records in the files, so a test can read complete files without guessing a delay.
+        Meant for a collector that has not been restarted (its counters start at zero).
+        """
+        samples = self.telemetry()
+
+        def total(prefix: str, exporter: str | None = None) -> float:
+            return sum(v for name, labels, v in samples if name.startswith(prefix)
+                       and (exporter is None or labels.get("exporter") == exporter))
+
+        accepted_spans = total("otelcol_receiver_accepted_spans")
+        accepted_logs = total("otelcol_receiver_accepted_log_records")
+        return (
+            accepted_spans > 0
+            and accepted_spans == total("otelcol_exporter_sent_spans", "file/traces")
+            == len(read_spans(self.output_dir / "traces.jsonl"))
+            and accepted_logs == total("otelcol_exporter_sent_log_records", "file/logs")
+            == len(read_logs(self.output_dir / "logs.jsonl"))
+        )
 
 
 @contextlib.contextmanager
