@@ -1,0 +1,142 @@
+"""Training-thread cost of instrumentation, instrumented against bare, in one process.
+
+Two measurements:
+
+1. per record: the hot-path primitives alone (a phase begin/end pair appending one record),
+   timed with ``timeit`` over many repetitions;
+2. per step: a real (tiny, so that overhead is visible) training step: DataLoader fetch,
+   forward, backward, optimizer step. Blocks of bare steps and instrumented steps are
+   interleaved (A/B/A/B...) so drift hits both alike. For each block we record the median
+   wall time per step and the training thread's CPU time per step (``thread_time_ns``,
+   which leaves out the emitter thread's work and time spent waiting for the GIL).
+
+Usage: ``python bench/bench_hot_path.py [--blocks 10] [--steps 200] [--out FILE.md]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import tempfile
+import time
+import timeit
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import otel_train
+from otel_train import semconv
+from otel_train.recorder import Recorder
+from otel_train.sources.steps import StepTracker
+
+
+def per_record_ns(repeat: int = 7, number: int = 200_000) -> list[float]:
+    tracker = StepTracker(Recorder(1 << 30), "bench", 0)
+
+    def pair() -> None:
+        tracker.begin(semconv.PHASE_FORWARD)
+        tracker.end(semconv.PHASE_FORWARD)
+
+    times = timeit.repeat(pair, repeat=repeat, number=number)
+    return [t / number * 1e9 for t in times]
+
+
+def _setup() -> tuple[nn.Module, torch.optim.Optimizer, DataLoader]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1))
+    return model, opt, DataLoader(data, batch_size=16, shuffle=False)
+
+
+def _steps(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, n: int
+           ) -> tuple[list[int], list[int]]:
+    wall, cpu = [], []
+    it = iter(loader)
+    for _ in range(n):
+        w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = iter(loader)
+            x, y = next(it)
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        wall.append(time.perf_counter_ns() - w0)
+        cpu.append(time.thread_time_ns() - c0)
+    return wall, cpu
+
+
+def per_step(blocks: int, steps: int, out_dir: Path) -> dict[str, list[float]]:
+    torch.set_num_threads(1)
+    model, opt, loader = _setup()
+    _steps(model, opt, loader, steps)  # warm-up
+    res: dict[str, list[float]] = {"bare_wall": [], "inst_wall": [], "bare_cpu": [],
+                                   "inst_cpu": []}
+    for _ in range(blocks):
+        wall, cpu = _steps(model, opt, loader, steps)
+        res["bare_wall"].append(statistics.median(wall) / 1e3)
+        res["bare_cpu"].append(statistics.median(cpu) / 1e3)
+        with otel_train.instrument(model, output_dir=out_dir, console_log_level="warning"):
+            wall, cpu = _steps(model, opt, loader, steps)
+        res["inst_wall"].append(statistics.median(wall) / 1e3)
+        res["inst_cpu"].append(statistics.median(cpu) / 1e3)
+    return res
+
+
+def _fmt(values: list[float]) -> str:
+    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return f"{statistics.median(values):.2f} (IQR {q[0]:.2f}–{q[2]:.2f})"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--blocks", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    record = per_record_ns()
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = per_step(args.blocks, args.steps, Path(tmp))
+    over_wall = [i - b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
+    over_cpu = [i - b for i, b in zip(steps["inst_cpu"], steps["bare_cpu"])]
+    ratio = [i / b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
+    lines = [
+        "# Hot-path benchmark: training-thread cost of instrumentation",
+        "",
+        f"- date: {datetime.date.today().isoformat()}",
+        f"- machine: {platform.machine()}, {platform.processor() or 'cpu'}, "
+        f"{os.cpu_count()} cores; Python {platform.python_version()}",
+        f"- torch {torch.__version__}, opentelemetry-sdk {metadata.version('opentelemetry-sdk')}, "
+        f"otel-train {otel_train.__version__}",
+        f"- default settings (every step sampled, file exporter); {args.blocks} interleaved "
+        f"blocks of {args.steps} steps each, bare and instrumented",
+        "",
+        "| measure | median (IQR over blocks) |",
+        "| --- | --- |",
+        f"| one phase begin+end (one record), ns | {_fmt(record)} |",
+        f"| bare step, wall µs | {_fmt(steps['bare_wall'])} |",
+        f"| instrumented step, wall µs | {_fmt(steps['inst_wall'])} |",
+        f"| added wall time per step, µs | {_fmt(over_wall)} |",
+        f"| added training-thread CPU time per step, µs | {_fmt(over_cpu)} |",
+        f"| step-time ratio instrumented/bare | {_fmt(ratio)} |",
+        "",
+        "Target (issue 2): under 50 µs of training-thread time per step at default settings.",
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
