@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Install everything the tests need, from nothing, then run them all.
+#
+#   bash scripts/test.sh [pytest args...]
+#
+# Installs: the Python package and test tools (.venv), the OpenTelemetry Collector built from
+# collector/manifest.yaml with Go, Debian's prometheus/promtool and chromium. Each test starts
+# the servers it uses (collector, Prometheus, chromium) on free loopback ports and stops them.
+# With CI=true, a test that needs a missing binary fails instead of skipping.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+log() { printf '[test] %s\n' "$*" >&2; }
+start=$(date +%s)
+
+bash scripts/setup.sh
+bash scripts/install-system-deps.sh
+log "building the collector (cached after the first build)"
+OTEL_TRAIN_COLLECTOR_BIN="$(bash collector/build.sh | tail -n1)"
+export OTEL_TRAIN_COLLECTOR_BIN
+if [[ -f dashboards/tools/build.sh ]]; then
+    bash dashboards/tools/build.sh
+fi
+
+if [[ "${CI:-}" == "true" || "${CI:-}" == "1" ]]; then
+    export OTEL_TRAIN_REQUIRE_BINARIES=1
+fi
+log "setup took $(( $(date +%s) - start ))s; running the tests"
+.venv/bin/python -m pytest -ra "$@"
