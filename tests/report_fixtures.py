@@ -489,3 +489,22 @@ def break_step_trace_ids(run_dir: Path, rank: int) -> None:
                 span["traceId"] = _hex(16, "rank-own", span["traceId"])
         return request
     rewrite_lines(run_dir, sc.TRACES_GLOB, edit)
+
+
+# --- a real run ----------------------------------------------------------------------------
+
+
+def run_demo(root: Path, run_id: str, steps: int = 12, extra_args: tuple[str, ...] = (),
+             env: dict[str, str] | None = None) -> Path:
+    """Run ``otel-train demo`` (2 ranks, gloo, eager) into ``root`` and return its run dir."""
+    import os
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "otel_train.cli", "demo", "--ranks", "2", "--steps",
+               str(steps), "--no-compile", "--output-dir", str(root), "--run-id", run_id,
+               *extra_args]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, f"demo failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return Path(root) / run_id

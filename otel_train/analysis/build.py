@@ -34,7 +34,10 @@ def _build(run_dir: Path, top: int, timelines: int) -> Report:
     table = traces.table
     by_rank = st.rows_by_rank(table)
     durations = st.step_durations(table, traces.step_spans)
-    slow = st.slow_steps(table, durations, top)
+    slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
+    spans = _spans_by_step(run_dir, traces, slowest)
+    slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
+        spans.get(step, []), phase))
     rank, busy_ratio, slowest_share = st.straggler(table, by_rank)
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
@@ -47,7 +50,8 @@ def _build(run_dir: Path, top: int, timelines: int) -> Report:
         trained_steps=_trained_steps(metrics), wall_s=wall, phases=used,
         rank_rows=st.rank_breakdowns(table, by_rank), straggler=rank,
         straggler_busy_ratio=busy_ratio, straggler_slowest_share=slowest_share,
-        slow_steps=slow, timelines=_timelines(run_dir, traces, slow[:timelines]),
+        slow_steps=slow, timelines=[_timeline(s, spans.get(s.step, []))
+                                    for s in slow[:timelines]],
         over_time=st.over_time(table), collectives=_collectives(traces, metrics),
         compile=_compile(traces, metrics), resources=_resources(metrics),
         samples_per_s=samples / wall if samples and wall else None,
@@ -69,13 +73,28 @@ def _trained_steps(metrics: MetricsDigest) -> int | None:
     return max(counts) if counts else None
 
 
-def _timelines(run_dir: Path, traces: TraceDigest, slow: list[SlowStep]) -> list[StepTimeline]:
-    trace_of = {step: traces.step_trace.get(step) for step in (s.step for s in slow)}
-    spans = spans_of_traces(run_dir, {t for t in trace_of.values() if t})
-    by_trace: dict[str, list[Span]] = {}
+def _spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int]) -> dict[int, list[Span]]:
+    """Pass two: every span of the given steps' traces."""
+    step_of = {traces.step_trace[s]: s for s in steps if s in traces.step_trace}
+    out: dict[int, list[Span]] = {}
+    for span in spans_of_traces(run_dir, set(step_of)):
+        out.setdefault(step_of[span.trace_id], []).append(span)
+    return out
+
+
+def _phase_starts(spans: list[Span], phase: str) -> dict[int, int]:
+    """Each rank's first start of ``phase`` in one step (epoch ns)."""
+    name = sc.PHASE_SPAN.get(phase)
+    starts: dict[int, int] = {}
     for span in spans:
-        by_trace.setdefault(span.trace_id, []).append(span)
-    return [_timeline(s, by_trace.get(trace_of[s.step] or "", [])) for s in slow]
+        if span.name == name:
+            rank = _rank(span)
+            starts[rank] = min(starts.get(rank, span.start_ns), span.start_ns)
+    return starts
+
+
+def _rank(span: Span) -> int:
+    return int(span.attributes.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0)))
 
 
 def _timeline(slow: SlowStep, spans: list[Span]) -> StepTimeline:
@@ -85,7 +104,7 @@ def _timeline(slow: SlowStep, spans: list[Span]) -> StepTimeline:
         kind = SPAN_PHASE.get(span.name, "collective" if span.name == sc.SPAN_COLLECTIVE else "")
         if not kind:
             continue
-        rank = int(span.attributes.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0)))
+        rank = _rank(span)
         label = str(span.attributes.get(sc.ATTR_COLLECTIVE_OP, span.name))
         bars.append(Bar(rank, kind, label, (span.start_ns - origin) / 1e9,
                         (span.end_ns - origin) / 1e9))

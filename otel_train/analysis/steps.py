@@ -4,6 +4,7 @@ and the breakdown over time, all computed from the step table of pass one."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from statistics import median
 
 from otel_train import semconv as sc
@@ -60,8 +61,18 @@ def typical_phase_s(table: StepTable) -> dict[str, float]:
     return {p: median(col) if col else 0.0 for p, col in table.phases.items()}
 
 
-def slow_steps(table: StepTable, durations: dict[int, float], top: int) -> list[SlowStep]:
-    """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical."""
+PhaseStarts = Callable[[int, str], dict[int, int]]
+
+
+def slow_steps(table: StepTable, durations: dict[int, float], top: int,
+               phase_starts: PhaseStarts | None = None) -> list[SlowStep]:
+    """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical.
+
+    ``phase_starts(step, phase)`` gives each rank's start of that phase (epoch ns) from the
+    step's spans: when the blamed rank started the phase well before another rank, it was
+    waiting inside it (a collective with no exposed_comm recorded), so the late rank is blamed
+    instead, for what it did before it got there.
+    """
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
     wanted = set(slowest)
     rows: dict[int, list[int]] = defaultdict(list)
@@ -71,17 +82,42 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int) -> list[
     typical = typical_phase_s(table)
     out = []
     for step in slowest:
-        best = (-1.0, 0, sc.PHASE_DATA_WAIT, 0.0)
-        for index in rows.get(step, ()):
-            for phase, col in table.phases.items():
-                excess = col[index] - typical[phase]
-                if phase not in NOT_A_CAUSE and excess > best[0]:
-                    best = (excess, table.ranks[index], phase, col[index])
-        _, rank, phase, seconds = best
-        duration = durations[step]
-        out.append(SlowStep(step, duration, rank, phase, seconds,
-                            seconds / duration if duration else 0.0))
+        excess, index, phase = _worst(table, rows.get(step, []), typical)
+        late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
+                           if phase_starts and index is not None else {})
+        if late is not None:
+            late_rows = [i for i in rows[step] if table.ranks[i] == late]
+            excess, index, phase = _worst(table, late_rows, typical, skip=phase)
+        out.append(_slow_step(table, step, durations[step], index, phase))
     return out
+
+
+def _worst(table: StepTable, rows: list[int], typical: dict[str, float],
+           skip: str | None = None) -> tuple[float, int | None, str]:
+    best: tuple[float, int | None, str] = (float("-inf"), None, sc.PHASE_DATA_WAIT)
+    for index in rows:
+        for phase, col in table.phases.items():
+            excess = col[index] - typical[phase]
+            if phase not in NOT_A_CAUSE and phase != skip and excess > best[0]:
+                best = (excess, index, phase)
+    return best
+
+
+def _waited_for(table: StepTable, index: int | None, phase: str, excess: float,
+                starts: dict[int, int]) -> int | None:
+    if index is None or len(starts) < 2 or table.ranks[index] not in starts:
+        return None
+    rank = table.ranks[index]
+    late = max(starts, key=lambda r: starts[r])
+    lag_s = (starts[late] - starts[rank]) / 1e9
+    return late if late != rank and lag_s >= 0.5 * excess else None
+
+
+def _slow_step(table: StepTable, step: int, duration: float, index: int | None,
+               phase: str) -> SlowStep:
+    rank = table.ranks[index] if index is not None else -1
+    seconds = table.phases[phase][index] if index is not None else 0.0
+    return SlowStep(step, duration, rank, phase, seconds, seconds / duration if duration else 0.0)
 
 
 def busy_s(table: StepTable, index: int) -> float:

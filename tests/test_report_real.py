@@ -1,0 +1,64 @@
+"""``otel-train report`` on a real instrumented run: the demo, 2 ranks on gloo, one of them a
+deliberate straggler (it sleeps 0.2 s before every 5th step's forward)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from report_fixtures import run_demo
+
+from otel_train import semconv as sc
+from otel_train.analysis.build import build_report
+from otel_train.cli import main
+
+pytestmark = pytest.mark.slow
+STEPS, SLOW_RANK = 15, 1
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_demo(tmp_path_factory.mktemp("demo"), "report-real", STEPS,
+                    ("--slow-rank", str(SLOW_RANK)))
+
+
+@pytest.fixture(scope="module")
+def report(run_dir: Path):
+    return build_report(run_dir, top=8)
+
+
+def test_every_rank_and_step_is_reported(report) -> None:
+    assert report.world_size == 2 and report.ranks == [0, 1]
+    assert report.sampled_steps == STEPS and report.trained_steps == STEPS
+    assert all(row.steps == STEPS for row in report.rank_rows)
+    assert set(sc.TIMED_PHASES) <= set(report.phases)
+
+
+def test_the_straggler_sleep_is_blamed_on_the_slow_rank(report) -> None:
+    sleepy = [s for s in report.slow_steps if s.step % 5 == 4]
+    assert len(sleepy) == STEPS // 5
+    for slow in sleepy:
+        assert slow.rank == SLOW_RANK, slow.cause
+        assert slow.phase_s >= 0.15, slow.cause
+
+
+def test_timelines_come_from_the_real_spans(report) -> None:
+    for timeline in report.timelines:
+        assert {b.rank for b in timeline.bars} == {0, 1}
+        assert {*sc.TIMED_PHASES} <= {b.kind for b in timeline.bars}
+
+
+def test_metrics_give_throughput(report) -> None:
+    assert report.samples_per_s and report.samples_per_s > 0
+    assert report.wall_s > 0
+
+
+def test_cli_writes_json_and_html(run_dir: Path, tmp_path: Path,
+                                  capsys: pytest.CaptureFixture[str]) -> None:
+    html = tmp_path / "report.html"
+    assert main(["report", str(run_dir), "--json", "--html", str(html)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["run_id"] == "report-real"
+    text = html.read_text(encoding="utf-8")
+    assert text.count('data-plot="gantt"') == 3 and 'data-plot="distributions"' in text
