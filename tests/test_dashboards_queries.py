@@ -254,7 +254,9 @@ class Families:
         out = []  # OpenMetrics has no free comments: HELP says what these are
         for family in self.families.values():
             out.append(f"# TYPE {family.name} {family.kind}")
-            out.append(f"# HELP {family.name} Test series of tests/test_dashboards_queries.py, not real telemetry.")
+            out.append(
+                f"# HELP {family.name} Test series of tests/test_dashboards_queries.py, not real telemetry."
+            )
             for series_lines in family.lines.values():
                 out.extend(series_lines)
         out.append("# EOF")
@@ -275,6 +277,8 @@ def simulate_rank(
     for phase, share in PHASE_SHARE.items():
         if rank == STRAGGLER and phase == "data_wait":
             share = 0.35  # the straggler starves: its DataLoader workers are throttled
+        if rank == 2 and phase == "exposed_comm":
+            share = 0.2  # rank 2 hides little of its communication (overlap 0.3 below)
         f.histogram(
             "training_phase_duration_seconds",
             f'{labels},training_phase="{phase}"',
@@ -287,6 +291,8 @@ def simulate_rank(
         durations = [rng.lognormvariate(math.log(mean), 0.3) for _ in range(4 * len(steps))]
         if op == "all_reduce" and rank == 2 and minutes_left < 1:
             durations.append(75.0)  # a stalled all_reduce in the last minute
+        if op == "reduce_scatter" and rank == 2 and minutes_left < 5:
+            durations += [15.0] * 30  # and slow reduce_scatters: p99 above 10 s
         op_labels = f'{labels},collective_op="{op}",collective_backend="nccl"'
         f.histogram("training_collective_duration_seconds", op_labels, t, durations)
         f.counter(
@@ -398,9 +404,9 @@ def exemplar_endpoint() -> tuple[int, object]:
         registry=registry,
         buckets=BUCKETS,
     )
-    for i in range(8):
+    for i, seconds in enumerate(BUCKETS):  # one exemplar per bucket (the client keeps the last)
         step.labels("0", "dash-test-live", "otel-train-dashboards-test").observe(
-            0.5, {"trace_id": f"{i + 1:032x}", "span_id": f"{i + 1:016x}"}
+            seconds, {"trace_id": f"{i + 1:032x}", "span_id": f"{i + 1:016x}"}
         )
     port = free_port()
     server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
@@ -538,4 +544,4 @@ def test_exemplars_carry_trace_ids(prometheus):
         end=str(now),
     )
     trace_ids = {e["labels"]["trace_id"] for series in found for e in series["exemplars"]}
-    assert f"{1:032x}" in trace_ids
+    assert trace_ids == {f"{i + 1:032x}" for i in range(len(BUCKETS))}

@@ -376,7 +376,7 @@ def build() -> dash.Dashboard:
         .description(
             'prometheus_rule_group_rules{rule_group} of otel-train\'s rules: "<file>;<group>"'
         )
-        .default_value(".*;otel-train\\.alerts")
+        .default_value(".*;otel-train.alerts")
     )
     _item_traces(board)
     _item_exemplars(board)
