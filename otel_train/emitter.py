@@ -191,6 +191,8 @@ class Emitter:
                    tokens: int) -> None:
         ident = self.ident
         phases = self._phases.pop(step, [])
+        for stale in [k for k in self._phases if k < step]:
+            del self._phases[stale]  # their step record was dropped (buffer full)
         totals: dict[str, float] = {}
         for _, _, phase, _, p_start, p_end, _ in phases:
             totals[phase] = totals.get(phase, 0.0) + (p_end - p_start) / 1e9

@@ -303,3 +303,28 @@ def test_prometheus_endpoint_serves_exemplars_in_openmetrics(tmp_path):
     assert exemplar_lines and 'trace_id="' in exemplar_lines[0]
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+def test_an_optimizer_step_that_raises_does_not_derail_later_steps(tmp_path):
+    model, opt, loader = training.setup(batches=4)
+    calls = {"n": 0}
+
+    def failing_second_step(optimizer, args, kwargs):
+        # runs after otel-train's global pre-hook opened the optimizer phase
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise FloatingPointError("nan in gradients")
+
+    opt.register_step_pre_hook(failing_second_step)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        for x, y in loader:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            try:
+                opt.step()
+            except FloatingPointError:
+                pass
+            opt.zero_grad()
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    assert sum(s["name"] == semconv.SPAN_FORWARD for s in spans) == 4
+    assert sum(s["name"] == semconv.SPAN_BACKWARD for s in spans) == 4
+    assert sum(s["name"] == semconv.SPAN_OPTIMIZER for s in spans) == 4

@@ -87,8 +87,13 @@ class StepTracker:
     # --- phases ----------------------------------------------------------------------
     def begin(self, phase: str) -> None:
         if self.phase is not None:
-            self._depth += 1
-            return
+            if phase != DATA_WAIT:
+                self._depth += 1  # nested: an optimizer's closure running forward/backward
+                return
+            # Fetching the next batch means the open phase ended without its end hook
+            # (an optimizer step that raised, say): close it here rather than lose the rest.
+            self._depth = 0
+            self.end(self.phase)
         now = _now()
         if self.pending_end_ns is not None and phase != OPTIMIZER:
             self._finish_step()
