@@ -65,6 +65,8 @@ class Config:
     sampler_arg: float = 1.0
     samples_per_step: int | None = None
     tokens_per_step: int | None = None
+    #: a collective pending longer than this is reported stalled (error log, span event)
+    stall_timeout_s: float = 60.0
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -179,6 +181,8 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
                                     d.console_log_level, f"one of {', '.join(LOG_LEVELS)}"),
         "capture_logs": _parse(env, "OTEL_TRAIN_CAPTURE_LOGS", _bool, d.capture_logs,
                                "true or false"),
+        "stall_timeout_s": _parse(env, "OTEL_TRAIN_STALL_TIMEOUT_S", _positive_float,
+                                  d.stall_timeout_s, "a positive number of seconds"),
         "sampler_name": _parse(env, "OTEL_TRACES_SAMPLER", _choice(_SAMPLERS), d.sampler_name,
                                f"one of {', '.join(_SAMPLERS)}"),
     }

@@ -95,6 +95,7 @@ class Emitter:
         self._handlers: dict[str, Callable[[Any], None]] = {}
         self._step_listeners: list[Callable[[StepInfo], None]] = []
         self._pre_step_listeners: list[Callable[[StepInfo], None]] = []
+        self._tick_listeners: list[Callable[[], None]] = []
         self._reported_drops: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-train-emitter", daemon=True)
@@ -139,6 +140,11 @@ class Emitter:
         ``info.phase_totals`` (e.g. exposed_comm, compile) and ``info.extra_attributes``."""
         self._pre_step_listeners.append(listener)
 
+    def on_tick(self, listener: Callable[[], None]) -> None:
+        """Called on the emitter thread after every drain (each ``emit_interval_s``), records
+        or not: for sources that watch something over time (a collective that never ends)."""
+        self._tick_listeners.append(listener)
+
     # --- thread ----------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
@@ -164,6 +170,14 @@ class Emitter:
                 if self.console is not None and self.errors <= 5:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind=record[0])
+        for listener in self._tick_listeners:
+            try:
+                listener()
+            except Exception as err:
+                self.errors += 1
+                if self.console is not None and self.errors <= 5:
+                    self.console.warning("otel_train.emitter_error", error=repr(err),
+                                         record_kind="tick")
         self.report_drops()
 
     def _dispatch(self, record: tuple[Any, ...]) -> None:
@@ -231,14 +245,18 @@ class Emitter:
 
     def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
              attributes: dict[str, Any], span_id: int = 0, trace_id: int = 0,
-             links: list[Link] | None = None, error: str | None = None) -> SpanContext:
-        """Create and end one span with explicit times and (optionally) preset ids."""
+             links: list[Link] | None = None, error: str | None = None,
+             events: list[tuple[str, int, dict[str, Any]]] | None = None) -> SpanContext:
+        """Create and end one span with explicit times and (optionally) preset ids and
+        ``events`` as (name, epoch ns, attributes)."""
         ids = self.pipeline.ids
         ids.next_span_id, ids.next_trace_id = span_id, trace_id
         ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
                else otel_context.Context())
         span = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL,
                                       attributes=attributes, links=links, start_time=start_ns)
+        for event_name, event_ns, event_attrs in events or ():
+            span.add_event(event_name, event_attrs, timestamp=event_ns)
         if error:
             span.set_status(trace.Status(trace.StatusCode.ERROR, error))
         span.end(end_time=max(end_ns, start_ns))
