@@ -66,6 +66,24 @@ ATTR_COLLECTIVE_GROUP_SIZE = "collective.group_size"
 ATTR_COLLECTIVE_SEQ = "collective.seq"
 ATTR_COLLECTIVE_DTYPE = "collective.dtype"
 ATTR_COLLECTIVE_BUS_BW = "collective.bus_bandwidth_gbps"
+#: collectives (sources/collectives*.py): the process group's name, the torch.distributed
+#: function or hook that issued it, async or not, and the stall flag tail sampling keys on
+ATTR_COLLECTIVE_GROUP = "collective.group"
+ATTR_COLLECTIVE_API = "collective.api"
+ATTR_COLLECTIVE_ASYNC = "collective.async"
+ATTR_COLLECTIVE_SHAPE = "collective.shape"
+ATTR_COLLECTIVE_STALLED = "collective.stalled"
+#: python (module wrappers), pg_hook (ProcessGroup pre/post hooks), nccl_flight_recorder
+ATTR_COLLECTIVE_SOURCE = "collective.source"
+#: false when the collective never completed while instrumented (a hang at exit)
+ATTR_COLLECTIVE_COMPLETED = "collective.completed"
+#: GPU time from the NCCL flight recorder (TORCH_NCCL_ENABLE_TIMING=1), seconds
+ATTR_COLLECTIVE_GPU_DURATION = "collective.gpu_duration_s"
+EVENT_COLLECTIVE_STALLED = "collective.stalled"
+LOG_COLLECTIVE_STALLED = "otel_train.collective_stalled"
+#: values of collective.op (bounded: metric attribute)
+COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                  "barrier", "all_to_all", "send", "recv", "gather", "scatter", "other")
 
 ATTR_COMPILE_REASON = "compile.reason"
 ATTR_COMPILE_GRAPH_BREAKS = "compile.graph_breaks"
