@@ -156,3 +156,27 @@ def test_cli_terminal_names_the_cause(run_dir: Path, capsys: pytest.CaptureFixtu
 def test_cli_without_telemetry_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "no traces" in capsys.readouterr().err
+
+
+def test_run_id_picks_one_run_out_of_shared_files(tmp_path: Path) -> None:
+    """A collector's file exporter appends every run to the same files."""
+    for run_id, ranks in (("first", 2), ("second", 3)):
+        run = write_run(RunSpec(ranks=ranks, steps=30, run_id=run_id, spike_steps=()),
+                        tmp_path / "runs")
+        for path in run.glob("*.jsonl"):
+            signal = path.name.split(".")[0]
+            with open(tmp_path / f"{signal}.jsonl", "a", encoding="utf-8") as out:
+                out.write(path.read_text(encoding="utf-8"))
+    assert build_report(tmp_path, run_id="second").ranks == [0, 1, 2]
+    assert build_report(tmp_path, run_id="first").ranks == [0, 1]
+    assert build_report(tmp_path).run_id == "first,second"  # says it mixed them
+
+
+def test_a_torn_line_continued_by_a_restarted_writer_keeps_the_whole_request(
+        run_dir: Path, tmp_path: Path) -> None:
+    lines = signal_files(run_dir, sc.TRACES_GLOB)[0].read_text(encoding="utf-8").splitlines()
+    path = tmp_path / "traces.jsonl"
+    path.write_text(lines[0][:300] + lines[1] + "\n", encoding="utf-8")
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text(lines[1] + "\n", encoding="utf-8")
+    assert [s.span_id for s in iter_spans([path])] == [s.span_id for s in iter_spans([whole])]

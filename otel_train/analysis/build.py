@@ -23,19 +23,21 @@ SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
 
 
-def build_report(run: Path, top: int = 10, timelines: int = 3) -> Report:
-    """The report of the run directory ``run`` (or the newest run under it)."""
+def build_report(run: Path, top: int = 10, timelines: int = 3,
+                 run_id: str | None = None) -> Report:
+    """The report of the run directory ``run`` (or the newest run under it); ``run_id``
+    picks one run out of files that hold several (a collector's output)."""
     with paused_gc():
-        return _build(resolve_run_dir(run), top, timelines)
+        return _build(resolve_run_dir(run, run_id), top, timelines, run_id)
 
 
-def _build(run_dir: Path, top: int, timelines: int) -> Report:
-    traces, metrics = read_traces(run_dir), read_metrics(run_dir)
+def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Report:
+    traces, metrics = read_traces(run_dir, run_id), read_metrics(run_dir, run_id)
     table = traces.table
     by_rank = st.rows_by_rank(table)
     durations = st.step_durations(table, traces.step_spans)
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
-    spans = _spans_by_step(run_dir, traces, slowest)
+    spans = _spans_by_step(run_dir, traces, slowest, run_id)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
         spans.get(step, []), phase))
     rank, busy_ratio, slowest_share = st.straggler(table, by_rank)
@@ -73,11 +75,12 @@ def _trained_steps(metrics: MetricsDigest) -> int | None:
     return max(counts) if counts else None
 
 
-def _spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int]) -> dict[int, list[Span]]:
+def _spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],
+                   run_id: str | None) -> dict[int, list[Span]]:
     """Pass two: every span of the given steps' traces."""
     step_of = {traces.step_trace[s]: s for s in steps if s in traces.step_trace}
     out: dict[int, list[Span]] = {}
-    for span in spans_of_traces(run_dir, set(step_of)):
+    for span in spans_of_traces(run_dir, set(step_of), run_id):
         out.setdefault(step_of[span.trace_id], []).append(span)
     return out
 

@@ -18,6 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "exporter's, or the collector file exporter's output).")
     parser.add_argument("run", type=Path, help="run directory (or the root holding runs: "
                         "the newest is read)")
+    parser.add_argument("--run-id", help="only this run (files holding several runs, such as "
+                        "a collector's output)")
     parser.add_argument("--top", type=int, default=10, help="slowest steps to list")
     parser.add_argument("--timelines", type=int, default=3,
                         help="slowest steps drawn as timelines in --html")
@@ -29,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = build_report(args.run, top=args.top, timelines=args.timelines)
+        report = build_report(args.run, top=args.top, timelines=args.timelines,
+                              run_id=args.run_id)
     except FileNotFoundError as err:
         print(f"otel-train report: {err}", file=sys.stderr)
         return 2

@@ -68,8 +68,8 @@ class MetricsDigest:
         return (max(ends) - min(starts)) / 1e9 if starts and ends else 0.0
 
 
-def read_metrics(run_dir: Path) -> MetricsDigest:
+def read_metrics(run_dir: Path, run_id: str | None = None) -> MetricsDigest:
     digest = MetricsDigest()
-    for point in iter_metric_points(signal_files(run_dir, sc.METRICS_GLOB)):
+    for point in iter_metric_points(signal_files(run_dir, sc.METRICS_GLOB), run_id):
         digest.add(point)
     return digest

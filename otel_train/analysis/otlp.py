@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,16 +64,41 @@ def signal_files(run_dir: Path, pattern: str) -> list[Path]:
 
 
 def iter_requests(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
-    """One decoded export request per non-empty line; a torn last line is skipped."""
+    """One decoded export request per line. A writer killed mid-line leaves a torn line, and
+    a restarted collector (appending) may go on writing on it: what parses whole is kept."""
     for path in paths:
         with open(path, encoding="utf-8") as lines:
             for line in lines:
-                if not line.strip():
-                    continue
-                try:
-                    yield json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a writer killed mid-line leaves one partial line
+                if line.strip():
+                    yield from _decode_line(line)
+
+
+def _decode_line(line: str) -> Iterator[dict[str, Any]]:
+    try:
+        yield json.loads(line)
+        return
+    except json.JSONDecodeError:
+        pass
+    decoder = json.JSONDecoder()
+    for match in _REQUEST_START.finditer(line):
+        try:
+            request, end = decoder.raw_decode(line, match.start())
+        except json.JSONDecodeError:
+            continue
+        if not line[end:].strip() or _REQUEST_START.match(line, end):
+            yield request
+
+
+_REQUEST_START = re.compile(r'\{"resource(?:Spans|Metrics|Logs)"')
+
+
+def _resources(request: dict[str, Any], key: str, run_id: str | None
+               ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(decoded resource attributes, raw entry) of one request, only run ``run_id``'s."""
+    for entry in request.get(key, ()):
+        resource = decode_attributes(entry.get("resource", {}).get("attributes"))
+        if run_id is None or str(resource.get(semconv.RES_RUN_ID, run_id)) == run_id:
+            yield resource, entry
 
 
 @dataclass(slots=True)
@@ -93,12 +119,13 @@ class Span:
 
 
 def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
-               line_filter: tuple[str, ...] | None = None) -> Iterator[Span]:
+               line_filter: tuple[str, ...] | None = None,
+               run_id: str | None = None) -> Iterator[Span]:
     """Spans of the given files; ``names`` keeps only those names (attributes of the others
-    are never decoded); ``line_filter`` skips lines that contain none of those strings."""
+    are never decoded); ``line_filter`` skips lines that contain none of those strings;
+    ``run_id`` keeps only that run's resources (a collector's files hold every run)."""
     for request in _filtered_requests(paths, line_filter):
-        for resource_spans in request.get("resourceSpans", ()):
-            resource = decode_attributes(resource_spans.get("resource", {}).get("attributes"))
+        for resource, resource_spans in _resources(request, "resourceSpans", run_id):
             for scope_spans in resource_spans.get("scopeSpans", ()):
                 for raw in scope_spans.get("spans", ()):
                     if names is None or raw.get("name") in names:
@@ -114,10 +141,7 @@ def _filtered_requests(paths: Iterable[Path],
         with open(path, encoding="utf-8") as lines:
             for line in lines:
                 if any(needle in line for needle in needles):
-                    try:
-                        yield json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
+                    yield from _decode_line(line)
 
 
 def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
@@ -157,10 +181,10 @@ class MetricPoint:
         return None if rank is None else int(rank)
 
 
-def iter_metric_points(paths: Iterable[Path]) -> Iterator[MetricPoint]:
+def iter_metric_points(paths: Iterable[Path], run_id: str | None = None
+                       ) -> Iterator[MetricPoint]:
     for request in iter_requests(paths):
-        for resource_metrics in request.get("resourceMetrics", ()):
-            resource = decode_attributes(resource_metrics.get("resource", {}).get("attributes"))
+        for resource, resource_metrics in _resources(request, "resourceMetrics", run_id):
             for scope_metrics in resource_metrics.get("scopeMetrics", ()):
                 for metric in scope_metrics.get("metrics", ()):
                     yield from _points(metric, resource)
@@ -200,10 +224,10 @@ class LogRecord:
     resource: dict[str, Any]
 
 
-def iter_log_records(paths: Iterable[Path]) -> Iterator[LogRecord]:
+def iter_log_records(paths: Iterable[Path], run_id: str | None = None
+                     ) -> Iterator[LogRecord]:
     for request in iter_requests(paths):
-        for resource_logs in request.get("resourceLogs", ()):
-            resource = decode_attributes(resource_logs.get("resource", {}).get("attributes"))
+        for resource, resource_logs in _resources(request, "resourceLogs", run_id):
             for scope_logs in resource_logs.get("scopeLogs", ()):
                 for raw in scope_logs.get("logRecords", ()):
                     yield LogRecord(
@@ -217,9 +241,11 @@ def iter_log_records(paths: Iterable[Path]) -> Iterator[LogRecord]:
                     )
 
 
-def resolve_run_dir(path: Path) -> Path:
-    """``path`` itself when it holds telemetry, else its newest run subdirectory."""
+def resolve_run_dir(path: Path, run_id: str | None = None) -> Path:
+    """``path`` itself when it holds telemetry, else its run ``run_id`` or newest run."""
     path = Path(path)
+    if run_id and signal_files(path / run_id, semconv.TRACES_GLOB):
+        return path / run_id
     if signal_files(path, semconv.TRACES_GLOB) or signal_files(path, semconv.METRICS_GLOB):
         return path
     runs = [d for d in path.iterdir() if d.is_dir() and signal_files(d, semconv.TRACES_GLOB)] \

@@ -120,17 +120,19 @@ class TraceDigest:
             self.run_ids.add(str(run_id))
 
 
-def read_traces(run_dir: Path) -> TraceDigest:
+def read_traces(run_dir: Path, run_id: str | None = None) -> TraceDigest:
     digest = TraceDigest()
-    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), names=PASS_ONE_SPANS):
+    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), names=PASS_ONE_SPANS,
+                           run_id=run_id):
         digest.add(span)
     return digest
 
 
-def spans_of_traces(run_dir: Path, trace_ids: set[str]) -> list[Span]:
+def spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None
+                    ) -> list[Span]:
     """Pass two: every span of a few traces; lines holding none of them are not parsed."""
     if not trace_ids:
         return []
     needles = tuple(trace_ids)
-    return [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), line_filter=needles)
-            if s.trace_id in trace_ids]
+    return [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), line_filter=needles,
+                                  run_id=run_id) if s.trace_id in trace_ids]

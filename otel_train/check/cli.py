@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("run", type=Path, nargs="?", help="run directory (or the root "
                         "holding runs: the newest is read)")
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (HTTP API)")
-    parser.add_argument("--run-id", help="in live mode, only this run's series")
+    parser.add_argument("--run-id", help="only this run (files holding several runs, such as "
+                        "a collector's output, and live series)")
     parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL")
     parser.add_argument("--tempo", metavar="URL", help="Tempo base URL")
     parser.add_argument("--loki", metavar="URL", help="Loki base URL")
@@ -32,7 +33,7 @@ def gather_results(args: argparse.Namespace) -> list[CheckResult]:
         from otel_train.analysis.otlp import resolve_run_dir
         from otel_train.check.rundir import check_run_dir
 
-        results += check_run_dir(resolve_run_dir(args.run))
+        results += check_run_dir(resolve_run_dir(args.run, args.run_id), args.run_id)
     if args.prometheus:
         from otel_train.check.prometheus import check_prometheus
 

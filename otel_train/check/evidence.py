@@ -111,20 +111,20 @@ class RunEvidence:
     has_logs: bool
 
 
-def gather(run_dir: Path) -> RunEvidence:
+def gather(run_dir: Path, run_id: str | None = None) -> RunEvidence:
     with paused_gc():
-        return _gather(run_dir)
+        return _gather(run_dir, run_id)
 
 
-def _gather(run_dir: Path) -> RunEvidence:
-    metrics = read_metrics(run_dir)
+def _gather(run_dir: Path, run_id: str | None) -> RunEvidence:
+    metrics = read_metrics(run_dir, run_id)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars}
     target_traces = {t for t, _ in targets}
     traces = TraceEvidence()
-    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB)):
+    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), run_id=run_id):
         traces.add(span, targets, target_traces)
     logs = LogEvidence()
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
-    for record in iter_log_records(log_files):
+    for record in iter_log_records(log_files, run_id):
         logs.add(record.trace_id, record.span_id, record.attributes, record.body)
     return RunEvidence(run_dir, metrics, traces, logs, bool(log_files))

@@ -11,8 +11,10 @@ from otel_train.check.model import NOT_APPLICABLE, CheckResult
 SOURCE = trace_checks.SOURCE
 
 
-def check_run_dir(run_dir: Path) -> list[CheckResult]:
-    evidence = gather(run_dir)
+def check_run_dir(run_dir: Path, run_id: str | None = None) -> list[CheckResult]:
+    """Every checklist item a run directory can answer; ``run_id`` picks one run out of
+    files that hold several (a collector's output)."""
+    evidence = gather(run_dir, run_id)
     results = [check(evidence) for check in trace_checks.CHECKS + signal_checks.CHECKS]
     results.append(CheckResult("throttling_alert", NOT_APPLICABLE,
                                "alert rules live in Prometheus, not in a run directory",
