@@ -376,15 +376,38 @@ def attributes(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def json_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """Whole JSON documents of a JSON-lines file; a line still being written is skipped."""
+    """Whole JSON documents of a JSON-lines file.
+
+    A line still being written is skipped. A collector killed mid-write leaves a torn line,
+    and the restarted one (appending) continues on it: of such a line, the documents that
+    parse whole are kept and the torn fragment is skipped.
+    """
     if not path.exists():
         return
     with path.open() as f:
         for line in f:
             if not line.endswith("\n"):
                 break
-            if line.strip():
+            if not line.strip():
+                continue
+            try:
                 yield json.loads(line)
+            except ValueError:
+                yield from _salvage(line)
+
+
+def _salvage(line: str) -> Iterator[dict[str, Any]]:
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r'\{"resource(Spans|Logs|Metrics)"', line):
+        try:
+            doc, end = decoder.raw_decode(line, match.start())
+        except ValueError:
+            continue
+        if not line[end:].strip():
+            yield doc
+            return
+        if line[end:].lstrip().startswith('{"resource'):
+            yield doc
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:
