@@ -116,9 +116,9 @@ def test_every_latency_histogram_is_shown_as_a_distribution():
         "training_collective_duration_seconds",
         "training_compile_duration_seconds",
     ):
-        assert any(
-            "histogram_quantile(0.99, sum by (le" in t and histogram in t for t in promql
-        ), histogram
+        assert any("histogram_quantile(0.99, sum by (le" in t and histogram in t for t in promql), (
+            histogram
+        )
     heatmaps = [
         panel
         for board in BOARDS.values()
