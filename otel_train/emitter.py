@@ -20,7 +20,7 @@ from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from otel_train import identity, semconv
+from otel_train import identity, redact, semconv
 from otel_train.config import Config
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.prometheus import PrometheusEndpoint
@@ -57,14 +57,23 @@ class StepInfo:
     phase_intervals: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
     #: extra attributes for the train.rank_step span, set by pre-step listeners
     extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: changes to phase spans by span id, set by pre-step listeners: any of ``start_ns``,
+    #: ``end_ns`` (wall clock, e.g. GPU-timed), ``attributes`` (added), ``error`` (status)
+    phase_overrides: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 def _attr_value(value: Any) -> Any:
-    if isinstance(value, (bool, int, float, str)):
+    if isinstance(value, str):
+        return value[:4096]
+    if isinstance(value, (bool, int, float)):
         return value
     if value is None:
         return ""
-    return repr(value)[:4096]
+    try:
+        text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else repr(value)
+    except Exception:  # an object whose repr raises
+        text = f"<unrepresentable {type(value).__name__}>"
+    return text[:4096]
 
 
 class Emitter:
@@ -96,6 +105,9 @@ class Emitter:
         self._step_listeners: list[Callable[[StepInfo], None]] = []
         self._pre_step_listeners: list[Callable[[StepInfo], None]] = []
         self._tick_listeners: list[Callable[[], None]] = []
+        self._step_gates: list[Callable[[int], bool]] = []
+        self._held_steps: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._max_held_steps = 0
         self._reported_drops: collections.Counter[str] = collections.Counter()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-train-emitter", daemon=True)
@@ -145,6 +157,25 @@ class Emitter:
         or not: for sources that watch something over time (a collective that never ends)."""
         self._tick_listeners.append(listener)
 
+    def hold_steps(self, ready: Callable[[int], bool], max_held: int = 64) -> None:
+        """Hold finished steps back, in order, until ``ready(step)`` (their GPU events
+        resolved, say); at most ``max_held`` wait, and the last pump waits at most a second."""
+        self._step_gates.append(ready)
+        self._max_held_steps = max(self._max_held_steps, max_held)
+
+    def _release_steps(self, final: bool = False) -> None:
+        held = self._held_steps
+        deadline = time.monotonic() + (1.0 if final else 0.0)
+        while held:
+            step = held[0][1]
+            if (len(held) <= self._max_held_steps
+                    and not all(ready(step) for ready in self._step_gates)):
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.005)  # the last pump only: polling, never synchronising
+                continue
+            self._emit_step(*held.popleft()[1:])
+
     # --- thread ----------------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
@@ -159,9 +190,9 @@ class Emitter:
     def _run(self) -> None:
         while not self._stop.wait(self.cfg.emit_interval_s):
             self.pump()
-        self.pump()
+        self.pump(final=True)
 
-    def pump(self) -> None:
+    def pump(self, final: bool = False) -> None:
         for record in self.recorder.drain():
             try:
                 self._dispatch(record)
@@ -170,6 +201,15 @@ class Emitter:
                 if self.console is not None and self.errors <= 5:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind=record[0])
+        if self._held_steps:
+            try:
+                self._release_steps(final)
+            except Exception as err:
+                self._held_steps.clear()
+                self.errors += 1
+                if self.console is not None and self.errors <= 5:
+                    self.console.warning("otel_train.emitter_error", error=repr(err),
+                                         record_kind=STEP)
         for listener in self._tick_listeners:
             try:
                 listener()
@@ -185,7 +225,11 @@ class Emitter:
         if kind == PHASE:
             self._phases[record[1]].append(record)
         elif kind == STEP:
-            self._emit_step(*record[1:])
+            if self._step_gates:
+                self._held_steps.append(record)
+                self._release_steps()
+            else:
+                self._emit_step(*record[1:])
         elif kind == LOG:
             self._emit_log(*record[1:])
         elif kind == EVENT:
@@ -284,12 +328,14 @@ class Emitter:
         self.span(semconv.SPAN_RANK_STEP, root_ctx, info.start_ns, info.end_ns, rank_attrs,
                   span_id=info.rank_step_context.span_id, links=self._links())
         for _, step, phase, micro, p_start, p_end, span_id in phases:
-            start, end = self.wall(p_start), self.wall(p_end)
+            over = info.phase_overrides.get(span_id, {})
+            start = over.get("start_ns", self.wall(p_start))
+            end = over.get("end_ns", self.wall(p_end))
             ctx = self.span(semconv.PHASE_SPAN[phase], info.rank_step_context, start, end, {
                 semconv.ATTR_STEP: step, semconv.ATTR_RANK: ident.rank,
                 semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_PHASE: phase,
-                semconv.ATTR_MICRO_BATCH: micro,
-            }, span_id=span_id)
+                semconv.ATTR_MICRO_BATCH: micro, **over.get("attributes", {}),
+            }, span_id=span_id, error=over.get("error"))
             info.phase_spans.append((phase, micro, ctx, start, end))
 
     def exemplar_context(self, info: StepInfo) -> otel_context.Context | None:
@@ -324,8 +370,8 @@ class Emitter:
 
     def _otel_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any],
                   trace_id: int, span_id: int) -> None:
-        attributes = {k: _attr_value(v) for k, v in fields.items() if k not in ("level",
-                                                                                  "timestamp")}
+        attributes = {k: _attr_value(v) for k, v in redact.redact_mapping(fields).items()
+                      if k not in ("level", "timestamp")}
         attributes.setdefault(semconv.LOG_RUN_ID, self.ident.run_id)
         attributes.setdefault(semconv.LOG_RANK, self.ident.rank)
         ctx = None
@@ -336,7 +382,8 @@ class Emitter:
         self.pipeline.otel_logger.emit(
             timestamp=time_ns, observed_timestamp=time.time_ns(), context=ctx,
             severity_number=_SEVERITY.get(level, SeverityNumber.INFO),
-            severity_text=level.upper(), body=message, attributes=attributes)
+            severity_text=level.upper(), body=redact.redact_value(message),
+            attributes=attributes)
 
     def total_dropped(self) -> collections.Counter[str]:
         total = collections.Counter(self.recorder.dropped)

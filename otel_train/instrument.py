@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import threading
 import time
 import warnings
@@ -27,7 +29,8 @@ from otel_train.recorder import EVENT, Recorder
 from otel_train.sources.steps import StepHooks, StepTracker
 
 #: what else is observed, beside steps: "module:Class" of each source (see sources/__init__.py)
-SOURCES: tuple[str, ...] = ()
+SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
+                            "otel_train.sources.collectives:CollectiveSource")
 
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None
@@ -83,6 +86,8 @@ class Instrumentation:
         self.emitter: Emitter | None = None
         self.dropped: dict[str, int] = {}
         self.flushed = True
+        self._signal_name: str | None = None
+        self._previous_sigterm: Any = None
 
     # --- public ----------------------------------------------------------------------
     @property
@@ -160,6 +165,7 @@ class Instrumentation:
             config=cfg, identity=ident, recorder=self.recorder, tracker=self.tracker,
             emitter=self.emitter, meter=pipeline.meter, log=self.log, model=self._model))
         self._write_run_json(ident)
+        self._install_sigterm()
         self._setup_end_perf = time.perf_counter_ns()
         self._offset = offset
         self.log.info("otel_train.start", exporter=pipeline.kind,
@@ -194,8 +200,49 @@ class Instrumentation:
                           "continuing without the endpoint", ConfigWarning, stacklevel=5)
             return None
 
+    def _install_sigterm(self) -> None:
+        """Preemption (SIGTERM): flush telemetry within the shutdown bound, then die of it.
+
+        Installed only where SIGTERM still has its default action and only from the main
+        thread (Python's rule). An application handler is left in place and chained: the run
+        is marked preempted and the application's handler decides what happens next.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous == signal.SIG_IGN or previous is None:
+            return
+
+        def on_sigterm(signum: int, frame: Any) -> None:
+            self._signal_name = "SIGTERM"
+            if callable(previous):
+                previous(signum, frame)
+                return
+            self.stop(None)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        self._previous_sigterm = previous
+        self._sigterm_handler = on_sigterm
+        signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_sigterm is None:
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is self._sigterm_handler:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+        except ValueError:  # not the main thread: leave it, it only marks a stopped run
+            pass
+        self._previous_sigterm = None
+
+    def _status(self, exc: BaseException | None) -> str:
+        if self._signal_name is not None:
+            return "preempted"
+        return "error" if exc is not None else "ok"
+
     def _write_run_json(self, ident: Identity) -> None:
-        if self.run_dir is None or ident.rank != 0:
+        if self.run_dir is None or ident.rank != 0 or self._pipeline.kind != "file":
             return
         info = {
             "run_id": ident.run_id, "world_size": ident.world_size,
@@ -228,11 +275,13 @@ class Instrumentation:
         cfg = self.config
         self.tracker.close()
         self._hooks.remove()
+        self._restore_sigterm()
         sources.stop_all(self._sources, self.log)
         end_perf = time.perf_counter_ns()
         deadline = time.monotonic() + cfg.shutdown_timeout_s
-        status = "error" if exc is not None else "ok"
-        self.log.info("otel_train.stop", status=status, steps=self.tracker.step,
+        status = self._status(exc)
+        self.log.info("otel_train.stop", status=status, signal=self._signal_name,
+                      steps=self.tracker.step,
                       error=repr(exc) if exc is not None else None)
         self._logs.remove()
         # The run spans are built by the emitter too, after every record before them.
@@ -258,13 +307,14 @@ class Instrumentation:
         run_parent = self._launcher
         attrs = {semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_RANK: ident.rank,
                  semconv.ATTR_WORLD_SIZE: ident.world_size,
-                 semconv.ATTR_STATUS: "error" if exc is not None else "ok",
+                 semconv.ATTR_STATUS: self._status(exc),
                  "training.steps": self.tracker.step if self.tracker else 0}
         run_ctx = emitter.span(
             semconv.SPAN_RUN, run_parent, wall(self._t0_perf), wall(end_perf), attrs,
             span_id=self._run_context.span_id,
             trace_id=0 if run_parent else self._run_context.trace_id,
-            error=f"{type(exc).__name__}: {exc}"[:1000] if exc is not None else None)
+            error=(f"{type(exc).__name__}: {exc}"[:1000] if exc is not None
+                   else self._signal_name))
         emitter.span(semconv.SPAN_SETUP, run_ctx, wall(self._t0_perf),
                      wall(self._setup_end_perf),
                      {semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_RANK: ident.rank})

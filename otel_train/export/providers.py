@@ -11,6 +11,7 @@ import collections
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,20 @@ def build_resource(cfg: Config, ident: Identity) -> Resource:
     return Resource.create(attributes)
 
 
+_live_pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+
+def _quiet_in_forked_child() -> None:
+    for pipeline in list(_live_pipelines):
+        pipeline.quiet_in_child()
+
+
+# A DataLoader worker forked while instrumented inherits the providers, and the SDK restarts
+# their export threads in the child (its own at-fork hooks). Left alone, a worker would
+# export again what its parent exports. Stop them: a worker exports nothing.
+os.register_at_fork(after_in_child=_quiet_in_forked_child)
+
+
 class Pipeline:
     """Tracer, meter and logger providers wired to one exporter kind."""
 
@@ -274,22 +289,29 @@ class Pipeline:
         self.kind = choose_exporter(cfg)
         self.resource = build_resource(cfg, ident)
         exporters = self._exporters(cfg, ident, run_dir)
+        # shutdown_on_exit=False: instrument() shuts them down itself, within its bound
         self.tracer_provider = TracerProvider(
-            resource=self.resource, sampler=cfg.sampler(), id_generator=self.ids
+            resource=self.resource, sampler=cfg.sampler(), id_generator=self.ids,
+            shutdown_on_exit=False,
         )
-        readers = []
-        self.logger_provider = LoggerProvider(resource=self.resource)
+        self.readers: list[PeriodicExportingMetricReader] = []
+        self.processors: list[Any] = []
+        self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
         if exporters is not None:
             spans, metrics, logs = exporters
-            self.tracer_provider.add_span_processor(
+            self.processors = [
                 _CountingBatchSpanProcessor(_CountingSpanExporter(spans, self.dropped),
-                                            self.dropped))
-            readers.append(PeriodicExportingMetricReader(
-                _CountingMetricExporter(metrics, self.dropped)))
-            self.logger_provider.add_log_record_processor(
+                                            self.dropped),
                 _CountingBatchLogProcessor(_CountingLogExporter(logs, self.dropped),
-                                           self.dropped))
-        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=readers)
+                                           self.dropped),
+            ]
+            self.tracer_provider.add_span_processor(self.processors[0])
+            self.logger_provider.add_log_record_processor(self.processors[1])
+            self.readers.append(PeriodicExportingMetricReader(
+                _CountingMetricExporter(metrics, self.dropped)))
+        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=self.readers,
+                                            shutdown_on_exit=False)
+        _live_pipelines.add(self)
         self.tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME)
         self.meter = self.meter_provider.get_meter(semconv.SCOPE_NAME)
         self.otel_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME)
@@ -307,6 +329,20 @@ class Pipeline:
                           "telemetry of this run is not exported", ConfigWarning, stacklevel=4)
             self.kind = "none"
             return None
+
+    def quiet_in_child(self) -> None:
+        """In a forked child: stop the export threads the SDK restarted there."""
+        for reader in self.readers:
+            event = getattr(reader, "_shutdown_event", None)
+            if event is not None:
+                event.set()
+        for processor in self.processors:
+            inner = getattr(processor, "_batch_processor", None)
+            if inner is not None:
+                inner._shutdown = True
+                awaken = getattr(inner, "_worker_awaken", None)
+                if awaken is not None:
+                    awaken.set()
 
     def shutdown(self, timeout_s: float) -> bool:
         """Flush and shut down within ``timeout_s``; False if it had to give up waiting.
