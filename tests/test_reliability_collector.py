@@ -1,0 +1,188 @@
+"""Collector faults that training always survives, against the real collector.
+
+Each test trains for real while exporting OTLP to a collector that is absent, killed and
+restarted, stalled behind a TCP proxy, refusing data, or behind a TLS mismatch. The
+outcome each time: training completes, leaving ``instrument()`` takes no longer than its
+shutdown bound, and whatever did not reach the collector is counted as dropped. Step-time
+ratios against a healthy collector are measured in ``bench/bench_faults.py``, not here.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pipeline_fixtures as pf
+import pytest
+import training
+
+import otel_train
+from otel_train import semconv
+
+SHUTDOWN_BOUND_S = 4.0
+
+
+@pytest.fixture(autouse=True)
+def _otlp_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith(("OTEL_", "TORCHELASTIC_")) or name == "TRACEPARENT":
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+    monkeypatch.setenv("OTEL_BLRP_SCHEDULE_DELAY", "100")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "500")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
+    monkeypatch.setenv("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", str(SHUTDOWN_BOUND_S))
+
+
+def _train(monkeypatch, endpoint: str, batches: int = 12, **kwargs):
+    """Train ``batches`` steps exporting to ``endpoint``; returns (instrumentation, exit s)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    model, opt, loader = training.setup(batches=batches)
+    with pytest.warns(otel_train.ConfigWarning, match="telemetry dropped"):
+        inst = otel_train.instrument(model, **kwargs)
+        with inst:
+            assert training.train(model, opt, loader) == batches
+            left = time.monotonic()
+    return inst, time.monotonic() - left
+
+
+def _assert_bounded_and_counted(inst, exit_s: float) -> None:
+    assert exit_s < SHUTDOWN_BOUND_S + 1.5, f"leaving instrument() took {exit_s:.1f}s"
+    assert inst.dropped.get(semconv.SIGNAL_SPANS, 0) > 0
+    assert inst.emitter.errors == 0
+
+
+def test_collector_absent_from_the_start(monkeypatch):
+    inst, exit_s = _train(monkeypatch, f"http://127.0.0.1:{pf.free_port()}")
+    _assert_bounded_and_counted(inst, exit_s)
+    assert inst.dropped[semconv.SIGNAL_SPANS] == 12 * 6 + 2, "every span is counted"
+
+
+class _StallingProxy:
+    """Accepts TCP connections and never answers: a collector stuck behind a dead link."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted.append(conn)  # read nothing, answer nothing
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+@pytest.fixture
+def stalling_proxy() -> Iterator[_StallingProxy]:
+    proxy = _StallingProxy()
+    yield proxy
+    proxy.close()
+
+
+def test_collector_stalled_behind_a_silent_link(monkeypatch, stalling_proxy):
+    inst, exit_s = _train(monkeypatch, f"http://127.0.0.1:{stalling_proxy.port}")
+    assert stalling_proxy.accepted, "the exporter did reach the stalled link"
+    _assert_bounded_and_counted(inst, exit_s)
+
+
+def test_tls_mismatch_is_counted(monkeypatch, tmp_path):
+    with pf.running_collector(pf.CONFIGS_DIR / "local.yaml", tmp_path) as collector:
+        https = collector.otlp_http.replace("http://", "https://")
+        inst, exit_s = _train(monkeypatch, https)
+    _assert_bounded_and_counted(inst, exit_s)
+
+
+_REFUSING_CONFIG = """
+receivers:
+  otlp:
+    protocols:
+      http:
+        endpoint: ${env:OTELCOL_OTLP_HTTP_ENDPOINT}
+processors:
+  memory_limiter:
+    check_interval: 100ms
+    limit_mib: 1
+    spike_limit_mib: 0
+exporters:
+  debug:
+    verbosity: basic
+extensions:
+  health_check:
+    endpoint: ${env:OTELCOL_HEALTH_ENDPOINT}
+service:
+  extensions: [health_check]
+  telemetry:
+    metrics:
+      readers:
+        - pull:
+            exporter:
+              prometheus:
+                host: ${env:OTELCOL_TELEMETRY_HOST}
+                port: ${env:OTELCOL_TELEMETRY_PORT}
+  pipelines:
+    traces: {receivers: [otlp], processors: [memory_limiter], exporters: [debug]}
+    metrics: {receivers: [otlp], processors: [memory_limiter], exporters: [debug]}
+    logs: {receivers: [otlp], processors: [memory_limiter], exporters: [debug]}
+"""
+
+
+def test_collector_refusing_data_is_counted(monkeypatch, tmp_path):
+    config = tmp_path / "refusing.yaml"
+    config.write_text(_REFUSING_CONFIG)  # memory_limiter at 1 MiB: it refuses everything
+    with pf.running_collector(config, tmp_path) as collector:
+        inst, exit_s = _train(monkeypatch, collector.otlp_http)
+        refused = sum(v for name, _, v in collector.telemetry()
+                      if name.startswith("otelcol_receiver_refused_spans"))
+    _assert_bounded_and_counted(inst, exit_s)
+    assert refused > 0, "the collector itself says it refused spans"
+
+
+def _spans_of_steps(path: Path) -> set[int]:
+    if not path.exists():
+        return set()
+    return {int(s["attrs"][semconv.ATTR_STEP]) for s in pf.read_spans(path)
+            if s["name"] == semconv.SPAN_RANK_STEP}
+
+
+def test_collector_killed_and_restarted_telemetry_resumes(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    with pf.running_collector(pf.CONFIGS_DIR / "local.yaml", tmp_path) as collector:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.otlp_http)
+        traces = collector.output_dir / "traces.jsonl"
+        model, opt, loader = training.setup(batches=8)
+        with pytest.warns(otel_train.ConfigWarning, match="telemetry dropped"):
+            with otel_train.instrument(model) as inst:
+                training.train(model, opt, loader)  # steps 0-7 (7 ends at the next fetch)
+                pf.wait_for("steps before the outage", lambda: {0, 5} <= _spans_of_steps(traces),
+                            timeout=30)
+                collector.kill()
+                training.train(model, opt, loader)  # steps 8-15 into the void
+                pf.wait_for("the outage to be counted",
+                            lambda: inst.emitter.total_dropped()[semconv.SIGNAL_SPANS] > 0,
+                            timeout=30)
+                collector.restart()
+                training.train(model, opt, loader)  # steps 16-23
+                pf.wait_for("telemetry to resume", lambda: 20 in _spans_of_steps(traces),
+                            timeout=30)
+    seen = _spans_of_steps(traces)
+    produced = 24
+    assert {0, 5, 20, 23} <= seen
+    lost_steps = produced - len(seen)
+    assert lost_steps > 0
+    assert inst.dropped[semconv.SIGNAL_SPANS] >= lost_steps, "every lost step is counted"
