@@ -31,6 +31,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import heatmap as heatmap_model
 from grafana_foundation_sdk.models import prometheus as prom_model
+from grafana_foundation_sdk.models import tempo as tempo_model
 from grafana_foundation_sdk.models import text as text_model
 
 from . import names
@@ -271,7 +272,14 @@ def traceql(query: str, ref: str = "A", limit: int = 20) -> tempo.TempoQuery:
 
 def traceql_metrics(query: str, ref: str = "A") -> tempo.TempoQuery:
     """A TraceQL metrics query (Tempo 2.4+: ``| rate()``, ``| quantile_over_time()``...)."""
-    return tempo.TempoQuery().datasource(TEMPO).query_type("traceql").query(query).ref_id(ref)
+    return (
+        tempo.TempoQuery()
+        .datasource(TEMPO)
+        .query_type("traceql")
+        .metrics_query_type(tempo_model.MetricsQueryType.RANGE)
+        .query(query)
+        .ref_id(ref)
+    )
 
 
 def logql(expr: str, ref: str = "A", legend: str | None = None) -> loki.Dataquery:
