@@ -142,3 +142,109 @@ OUTPUT_DIR_DEFAULT = "otel-train-runs"
 TRACES_GLOB = "traces*.jsonl"
 METRICS_GLOB = "metrics*.jsonl"
 LOGS_GLOB = "logs*.jsonl"
+
+# --- compile telemetry (sources/compile.py) ----------------------------------------------
+ATTR_COMPILE_ID = "compile.id"
+#: "co_name (file:line)" of the compiled frame
+ATTR_COMPILE_FRAME = "compile.frame"
+#: what started the compilation: dynamo, lazy_backward, cudagraph_recording, untracked
+ATTR_COMPILE_TRIGGER = "compile.trigger"
+#: the recompile's first guard failure, verbatim (``compile.reason`` is its category)
+ATTR_COMPILE_GUARD_FAILURE = "compile.guard_failure"
+ATTR_COMPILE_GRAPH_BREAK_REASONS = "compile.graph_break_reasons"
+#: graphs this compilation handed to the backend
+ATTR_COMPILE_GRAPHS = "compile.graphs"
+ATTR_COMPILE_GRAPH_OPS = "compile.graph_ops"
+ATTR_COMPILE_GUARDS = "compile.guards"
+#: seconds, per stage: compile.time.dynamo_s (whole frame), .aot_autograd_s, .inductor_s,
+#: .autotune_s, .backward_s
+ATTR_COMPILE_TIME_PREFIX = "compile.time."
+#: compile.cache.fx_graph.hits / .misses, compile.cache.aot_autograd.hits / .misses
+ATTR_COMPILE_CACHE_PREFIX = "compile.cache."
+ATTR_COMPILE_CUDAGRAPH_SKIP_REASON = "compile.cudagraph_skip_reason"
+ATTR_COMPILE_FAIL_TYPE = "compile.fail_type"
+ATTR_COMPILE_FAIL_REASON = "compile.fail_reason"
+ATTR_COMPILE_RECOMPILE_LIMIT_HIT = "compile.recompile_limit_hit"
+ATTR_COMPILE_RECOMPILE_LIMIT = "compile.recompile_limit"
+#: running hash of what this rank compiled (frame, graph ops, guards, shapes), hex
+ATTR_COMPILE_FINGERPRINT = "compile.fingerprint"
+#: how a rank's compilations differ from the reference rank's: graph, count
+ATTR_COMPILE_INCONSISTENCY = "compile.inconsistency"
+ATTR_COMPILE_REFERENCE_RANK = "compile.reference_rank"
+
+#: values of compile.reason (bounded): a first compile, or the category of the guard failure
+COMPILE_REASON_FIRST = "first_compile"
+COMPILE_REASON_TENSOR_SHAPE = "tensor_shape"
+COMPILE_REASON_TENSOR_STRIDE = "tensor_stride"
+COMPILE_REASON_TENSOR_RANK = "tensor_rank"
+COMPILE_REASON_TENSOR_DTYPE = "tensor_dtype"
+COMPILE_REASON_TENSOR_DEVICE = "tensor_device"
+COMPILE_REASON_REQUIRES_GRAD = "requires_grad"
+COMPILE_REASON_DISPATCH_KEY = "dispatch_key"
+COMPILE_REASON_GLOBAL_STATE = "global_state"
+COMPILE_REASON_OBJECT_IDENTITY = "object_identity"
+COMPILE_REASON_TYPE = "type"
+COMPILE_REASON_LENGTH = "length"
+COMPILE_REASON_DYNAMIC_SHAPE = "dynamic_shape"
+COMPILE_REASON_VALUE = "value"
+COMPILE_REASON_RECOMPILE_LIMIT = "recompile_limit"
+COMPILE_REASON_UNKNOWN = "unknown"
+COMPILE_REASON_OTHER = "other"
+
+METRIC_COMPILE_GRAPHS = "training.compile.graphs"
+METRIC_COMPILE_RECOMPILE_LIMIT_HITS = "training.compile.recompile_limit_hits"
+#: gauge, 1 while this rank's compilations differ from the reference rank's (rank 0)
+METRIC_COMPILE_INCONSISTENT = "training.compile.inconsistent"
+
+# --- GPU telemetry (sources/cuda_timing.py, memory.py, mfu.py, profiler.py; docs/gpu.md) ---
+#: on train.rank_step: GPU-timed per-phase totals in seconds (CUDA events, current stream)
+ATTR_PHASE_GPU_TOTAL_PREFIX = "training.phase_gpu_total."
+#: on train.rank_step: GPU time from the step's first phase marker to its last
+ATTR_STEP_GPU_DURATION = "training.step.gpu_duration_s"
+#: on train.rank_step: how far the GPU ran behind the host at the step's first phase, s
+ATTR_GPU_LAG = "training.gpu.lag_s"
+#: on train.rank_step: width of the GPU-to-wall clock mapping's uncertainty interval, s
+ATTR_GPU_CLOCK_UNCERTAINTY = "training.gpu.clock_uncertainty_s"
+#: on phase spans: "gpu" where the span's times are the GPU's (CUDA events), else absent
+ATTR_TIMING = "training.timing"
+TIMING_GPU = "gpu"
+#: on GPU-timed phase spans: the host's view of the same phase, seconds
+ATTR_HOST_DURATION = "training.host.duration_s"
+METRIC_PHASE_GPU_DURATION = "training.phase.gpu_duration"
+
+METRIC_MEMORY_ALLOCATED = "training.memory.allocated"
+METRIC_MEMORY_RESERVED_PEAK = "training.memory.reserved.peak"
+#: reserved minus allocated bytes: what the caching allocator holds but does not use
+METRIC_MEMORY_FRAGMENTATION = "training.memory.fragmentation"
+METRIC_MEMORY_ALLOC_RETRIES = "training.memory.alloc_retries"
+METRIC_MEMORY_OOMS = "training.memory.ooms"
+ATTR_MEMORY_ALLOCATED_PEAK = "training.memory.allocated.peak_bytes"
+ATTR_MEMORY_RESERVED = "training.memory.reserved_bytes"
+ATTR_MEMORY_FRAGMENTATION = "training.memory.fragmentation_bytes"
+ATTR_MEMORY_ALLOC_RETRIES = "training.memory.alloc_retries"
+ATTR_OOM_REQUESTED = "training.oom.requested_bytes"
+ATTR_OOM_DEVICE_FREE = "training.oom.device_free_bytes"
+ATTR_OOM_SUMMARY = "training.oom.allocator_summary"
+LOG_OOM = "train.oom"
+
+METRIC_THROUGHPUT_SAMPLES = "training.throughput.samples"
+METRIC_THROUGHPUT_TOKENS = "training.throughput.tokens"
+METRIC_FLOPS_ACHIEVED = "training.flops.achieved"
+ATTR_TFLOPS = "training.tflops"
+ATTR_MFU = "training.mfu"
+ATTR_SAMPLES_PER_S = "training.samples_per_s"
+ATTR_TOKENS_PER_S = "training.tokens_per_s"
+
+SPAN_PROFILE = "train.profile"
+ATTR_PROFILE_TRACE = "profile.trace_path"
+ATTR_PROFILE_FIRST_STEP = "profile.first_step"
+ATTR_PROFILE_STEPS = "profile.steps"
+ATTR_PROFILE_STOP_S = "profile.stop_s"
+ATTR_COMM_OVERLAP = "training.comm.overlap"
+ATTR_COMM_EXPOSED = "training.comm.exposed_s"
+ATTR_GPU_IDLE = "training.gpu.idle"
+ATTR_TOP_KERNELS = "profile.top_kernels"
+#: on training.comm.overlap points: what measured it ("profiler": a profiler window's trace)
+ATTR_OVERLAP_METHOD = "training.overlap.method"
+METRIC_COMM_EXPOSED = "training.comm.exposed"
+METRIC_GPU_IDLE = "training.gpu.idle"

@@ -1,0 +1,605 @@
+"""Compile telemetry: every torch.compile compilation as a span in its step's trace, metrics
+for compile time, graph breaks, recompiles and the recompile limit, and a cross-rank check
+that every rank compiled the same graphs. See docs/compile.md.
+
+Three torch sources, each read where it is safe to:
+
+- ``torch._dynamo.callback`` start/end callbacks, on the compiling thread under dynamo's
+  callback lock: they only append one tuple to the recorder (the step the training thread
+  is in, a perf-counter timestamp, and copies of dynamo's graph-break and graph counters,
+  read with ``.get`` so no counter key is ever created);
+- ``torch._dynamo.utils.get_compilation_metrics()``: read incrementally on the emitter
+  thread (compile_records.py) and joined to the callbacks by (compile id, kind);
+- ``torch._dynamo.utils.counters``: graph breaks and graphs, on the emitter thread.
+
+Spans are emitted when the step they belong to is emitted (a ``before_step`` listener, which
+also adds their time to the step's ``compile`` phase total) or, for compilations outside
+any step, under ``train.run`` when the run ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import threading
+import time
+import warnings
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_train import identity, semconv
+from otel_train.config import ConfigWarning
+from otel_train.export.buckets import SECONDS_BUCKETS
+from otel_train.recorder import EVENT
+from otel_train.sources import RunContext
+from otel_train.sources import compile_fingerprint as fpmod
+from otel_train.sources import compile_records as records
+from otel_train.sources.compile_reasons import GraphBreakReasons, recompile_category
+
+SOURCE = "otel_train.compile"
+START, END, FINAL = "start", "end", "final"
+_TRIGGER_KIND = {"LAZY_BACKWARD": records.BACKWARD, "CUDAGRAPH_RECORDING": records.RUNTIME,
+                 "TRITON_AUTOTUNING": records.RUNTIME}
+_MAX_TEXT = 2000
+_now = time.perf_counter_ns
+
+
+@dataclasses.dataclass
+class Compilation:
+    """One compilation: a callback pair, its torch record, or both."""
+
+    key: tuple[str | None, str]  # (compile id, kind)
+    trigger: str
+    step: int | None  # None: outside any step
+    phase: str | None = None
+    start_perf: int | None = None
+    end_perf: int | None = None
+    graph_breaks: dict[str, int] = dataclasses.field(default_factory=dict)
+    graphs: int | None = None
+    record: records.CompileRecord | None = None
+
+
+def _counter_copy(counters: Any, name: str) -> dict[str, int] | None:
+    value = counters.get(name)  # .get: indexing the defaultdict would create the key
+    return dict(value) if value else None
+
+
+def _delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int]:
+    before = before or {}
+    return {k: v - before.get(k, 0) for k, v in (after or {}).items() if v > before.get(k, 0)}
+
+
+class CompileSource:
+    """The source registered in ``instrument.SOURCES``."""
+
+    def __init__(self) -> None:
+        self._undo: list[Any] = []
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._handler: Any = None
+        self._warned: set[str] = set()
+
+    # --- training thread ---------------------------------------------------------------
+    def start(self, ctx: RunContext) -> None:
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+
+        self.ctx = ctx
+        self.counters = counters
+        self._init_emitter_state(ctx)
+        put, tracker = ctx.recorder.put, ctx.tracker
+        rank_phase = lambda: tracker.phase  # noqa: E731
+
+        def where() -> tuple[int | None, str | None]:
+            if not tracker.enabled or tracker.step_start_ns is None:
+                return None, None
+            # after an optimizer step the time until the next phase belongs to the next step
+            return tracker.step + (tracker.pending_end_ns is not None), rank_phase()
+
+        def on_start(*args: Any) -> None:
+            try:
+                now = _now()
+                compile_id, trigger = _callback_args(args)
+                step, phase = where()
+                put((EVENT, SOURCE, (START, compile_id, trigger, now, step, phase,
+                                     _counter_copy(counters, "graph_break"),
+                                     _counter_copy(counters, "stats"))))
+            except Exception:  # a callback that raises would fail the compilation
+                pass
+
+        def on_end(*args: Any) -> None:
+            try:
+                now = _now()
+                compile_id, trigger = _callback_args(args)
+                put((EVENT, SOURCE, (END, compile_id, trigger, now,
+                                     _counter_copy(counters, "graph_break"),
+                                     _counter_copy(counters, "stats"))))
+            except Exception:
+                pass
+
+        self._on_start, self._on_end = on_start, on_end
+        self._limit_at_start = _recompile_limit()
+        self._handler = getattr(getattr(torch._dynamo, "callback", None), "callback_handler",
+                                None)
+        if self._handler is None or not hasattr(self._handler, "register_start_callback"):
+            self._handler = None
+            self._warn("callbacks", "torch._dynamo.callback.callback_handler is missing: "
+                       "compilations are placed in steps by time only")
+        else:
+            self._register()
+            self._wrap_reset(torch._dynamo)
+        missing = records.missing_fields()
+        if missing:
+            self._warn("fields", "this torch's CompilationMetrics lacks "
+                       f"{', '.join(missing)}: those compile attributes are left out")
+        ctx.emitter.on_event(SOURCE, self._handle)
+        ctx.emitter.before_step(self._before_step)
+
+    def _register(self) -> None:
+        with self._lock:  # never re-register after stop() removed them
+            handler = self._handler
+            if self._stopped or handler is None:
+                return
+            if self._on_start not in handler.start_callbacks:
+                handler.register_start_callback(self._on_start)
+            if self._on_end not in handler.end_callbacks:
+                handler.register_end_callback(self._on_end)
+
+    def _wrap_reset(self, dynamo: Any) -> None:
+        # reset() clears every callback; re-register at once (the emitter also checks, for
+        # resets that bypass the module attribute, such as explain()'s)
+        original = dynamo.reset
+
+        def reset(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self._register()
+
+        reset.__wrapped__ = original  # type: ignore[attr-defined]
+        reset.__doc__ = original.__doc__
+        dynamo.reset = reset
+        self._undo.append(lambda: setattr(dynamo, "reset", original))
+
+    def stop(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+        with self._lock:
+            self._stopped = True
+            if self._handler is not None:
+                for callbacks, fn in ((self._handler.start_callbacks, self._on_start),
+                                      (self._handler.end_callbacks, self._on_end)):
+                    while fn in callbacks:
+                        callbacks.remove(fn)
+        self.ctx.recorder.put_always((EVENT, SOURCE, (FINAL,)))
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"otel-train: {message}", ConfigWarning, stacklevel=3)
+
+    # --- emitter thread: state and instruments ---------------------------------------
+    def _init_emitter_state(self, ctx: RunContext) -> None:
+        meter, ident = ctx.meter, ctx.identity
+        self.attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
+        self.duration_hist = meter.create_histogram(
+            semconv.METRIC_COMPILE_DURATION, unit="s",
+            description="Time per torch.compile compilation.",
+            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        self.graph_breaks_ctr = meter.create_counter(
+            semconv.METRIC_COMPILE_GRAPH_BREAKS, unit="{break}",
+            description="Graph breaks dynamo took, by bounded reason.")
+        self.recompiles_ctr = meter.create_counter(
+            semconv.METRIC_COMPILE_RECOMPILES, unit="{recompile}",
+            description="Recompilations of an already compiled frame, by guard failure kind.")
+        self.graphs_ctr = meter.create_counter(
+            semconv.METRIC_COMPILE_GRAPHS, unit="{graph}",
+            description="Graphs dynamo handed to the compiler backend.")
+        self.limit_ctr = meter.create_counter(
+            semconv.METRIC_COMPILE_RECOMPILE_LIMIT_HITS, unit="{frame}",
+            description="Frames that hit the recompile limit and fell back to eager.")
+        self.inconsistent_gauge = meter.create_gauge(
+            semconv.METRIC_COMPILE_INCONSISTENT, unit="1",
+            description="1 while this rank compiled other graphs than the reference rank.")
+        self.recompiles_ctr.add(0, self.attrs)
+        self.graph_breaks_ctr.add(0, self.attrs)
+        self.reader = records.RecordReader()
+        self.reasons = GraphBreakReasons()
+        self._open: dict[tuple[str | None, str], Compilation] = {}
+        self._pending: list[Compilation] = []  # waiting for their step to be emitted
+        self._unpaired: list[records.CompileRecord] = []  # records without callbacks (yet)
+        self._frames: dict[int, str] = {}  # frame id -> frame, for records without co_name
+        self._reasons_by_id: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._emitted_without_record: collections.deque[tuple[Any, ...]] = collections.deque(
+            maxlen=256)
+        self._steps: collections.deque[tuple[int, int, int, SpanContext]] = collections.deque(
+            maxlen=256)  # (step, start wall, end wall, rank step ctx) of emitted steps
+        self._gb_seen = _counter_copy(self.counters, "graph_break") or {}
+        self._graphs_seen = (_counter_copy(self.counters, "stats") or {}).get("unique_graphs", 0)
+        self.fingerprint = fpmod.Fingerprint()
+        self._exchange: fpmod.Exchange | None | bool = None  # False: unavailable
+        self._steps_done = 0
+        self._last_compare = -1e9
+        self.mismatch_reported = False
+        self.inconsistent_gauge.set(0, self.attrs)
+
+    # --- emitter thread: events --------------------------------------------------------
+    def _handle(self, payload: tuple[Any, ...]) -> None:
+        kind = payload[0]
+        if kind == START:
+            _, compile_id, trigger, now, step, phase, gb, stats = payload
+            comp = Compilation((compile_id, _TRIGGER_KIND.get(trigger, records.FORWARD)),
+                               trigger, step, phase, start_perf=now)
+            comp.graph_breaks, comp.graphs = gb or {}, (stats or {}).get("unique_graphs", 0)
+            self._open[comp.key] = comp
+        elif kind == END:
+            _, compile_id, trigger, now, gb, stats = payload
+            comp = self._open.pop((compile_id, _TRIGGER_KIND.get(trigger, records.FORWARD)),
+                                  None)
+            if comp is None:
+                return
+            comp.end_perf = now
+            comp.graph_breaks = _delta(comp.graph_breaks, gb)
+            comp.graphs = max(0, (stats or {}).get("unique_graphs", 0) - (comp.graphs or 0))
+            self._pending.append(comp)
+            self._poll()
+        elif kind == FINAL:
+            self._poll()
+            self._flush(final=True)
+            self._consistency(final=True)
+
+    def _poll(self) -> None:
+        """Read new torch records and counters; pair records with callbacks."""
+        if self._handler is not None:
+            try:
+                self._register()  # a reset (or explain()) since the last poll cleared them
+            except Exception:
+                pass
+        for rec in self.reader.read():
+            self._on_record(rec)
+        if self.reader.possibly_missed:
+            self.reader.possibly_missed = False
+            self._emit_log("warning", "otel_train.compile.records_missed", self._step_ids(),
+                           detail="more than 64 compilations between two reads; "
+                                  "some compile spans lack torch's details")
+        self._count_from_counters()
+        unpaired = []
+        for rec in self._unpaired:
+            comp = self._find_pending(rec)
+            if comp is not None:
+                comp.record = rec
+            else:
+                unpaired.append(rec)
+        self._unpaired = unpaired
+
+    def _find_pending(self, rec: records.CompileRecord) -> Compilation | None:
+        for comp in self._pending:
+            if comp.record is None and comp.key == (rec.compile_id, rec.kind):
+                return comp
+        return None
+
+    def _on_record(self, rec: records.CompileRecord) -> None:
+        if rec.frame_id is not None and rec.frame:
+            self._frames[rec.frame_id] = rec.frame
+        elif rec.frame_id is not None and rec.frame is None:
+            rec.frame = self._frames.get(rec.frame_id)
+        if rec.kind == records.FORWARD:
+            self._count_recompile(rec)
+        if (rec.compile_id, rec.kind) in self._emitted_without_record:
+            return  # its span went out before the record arrived
+        comp = self._find_pending(rec)
+        if comp is not None:
+            comp.record = rec
+        else:
+            self._unpaired.append(rec)
+
+    def _count_recompile(self, rec: records.CompileRecord) -> None:
+        if rec.recompile_limit_hit:
+            self.limit_ctr.add(1, {**self.attrs, semconv.ATTR_COMPILE_FRAME: rec.frame or ""})
+            return
+        if rec.guard_failure or rec.frame_compile:
+            reason = recompile_category(rec.guard_failure)
+            self.recompiles_ctr.add(1, {**self.attrs, semconv.ATTR_COMPILE_REASON: reason})
+
+    def _count_from_counters(self) -> None:
+        gb = _counter_copy(self.counters, "graph_break") or {}
+        if any(gb.get(k, 0) < v for k, v in self._gb_seen.items()):
+            self._gb_seen = {}  # someone cleared dynamo's counters: count from zero again
+        for message, n in _delta(self._gb_seen, gb).items():
+            self.graph_breaks_ctr.add(n, {**self.attrs,
+                                          semconv.ATTR_COMPILE_REASON: self.reasons.label(message)})
+        self._gb_seen = gb
+        graphs = (_counter_copy(self.counters, "stats") or {}).get("unique_graphs", 0)
+        if graphs < self._graphs_seen:
+            self._graphs_seen = 0
+        if graphs > self._graphs_seen:
+            self.graphs_ctr.add(graphs - self._graphs_seen, self.attrs)
+        self._graphs_seen = graphs
+
+    # --- emitter thread: steps ---------------------------------------------------------
+    def _before_step(self, info: Any) -> None:
+        self._steps.append((info.step, info.start_ns, info.end_ns, info.rank_step_context))
+        self._steps_done = info.step + 1
+        self._poll()
+        total = 0.0
+        keep = []
+        for comp in self._pending:
+            if comp.step is not None and comp.step <= info.step:
+                seconds = self._emit(comp, self._step_parent(comp.step))
+                if comp.step == info.step:
+                    total += seconds
+            else:
+                keep.append(comp)
+        self._pending = keep
+        unpaired = []
+        for rec in self._unpaired:
+            if rec.start_ns is not None and rec.start_ns < info.end_ns:
+                step = self._step_at(rec.start_ns)
+                comp = Compilation((rec.compile_id, rec.kind), "untracked", step, record=rec)
+                parent = self._step_parent(step) if step is not None else self._run_parent()
+                seconds = self._emit(comp, parent)
+                if step == info.step:
+                    total += seconds
+            else:
+                unpaired.append(rec)
+        self._unpaired = unpaired
+        if total > 0:
+            totals = info.phase_totals
+            totals[semconv.PHASE_COMPILE] = totals.get(semconv.PHASE_COMPILE, 0.0) + total
+        self._consistency()
+
+    def _step_at(self, wall_ns: int) -> int | None:
+        for step, start, end, _ in reversed(self._steps):
+            if start <= wall_ns < end:
+                return step
+        return None
+
+    def _step_parent(self, step: int) -> SpanContext:
+        for known, _, _, ctx in reversed(self._steps):
+            if known == step:
+                return ctx
+        run_id, rank = self.ctx.identity.run_id, self.ctx.identity.rank
+        trace_id = identity.step_trace_id(run_id, step)
+        flags = TraceFlags(TraceFlags.SAMPLED if self.ctx.emitter.sampled(trace_id) else 0)
+        return SpanContext(trace_id, identity.rank_step_span_id(run_id, step, rank), False,
+                           flags)
+
+    def _run_parent(self) -> SpanContext:
+        return self.ctx.emitter.run_context
+
+    def _flush(self, final: bool) -> None:
+        for comp in self._pending:
+            known = comp.step is not None and any(s == comp.step for s, *_ in self._steps)
+            self._emit(comp, self._step_parent(comp.step) if known else self._run_parent())
+        self._pending = []
+        for rec in self._unpaired:
+            step = self._step_at(rec.start_ns) if rec.start_ns is not None else None
+            comp = Compilation((rec.compile_id, rec.kind), "untracked", step, record=rec)
+            self._emit(comp, self._step_parent(step) if step is not None else self._run_parent())
+        self._unpaired = []
+
+    # --- emitter thread: one span ------------------------------------------------------
+    def _emit(self, comp: Compilation, parent: SpanContext) -> float:
+        emitter, rec = self.ctx.emitter, comp.record
+        if comp.start_perf is not None and comp.end_perf is not None:
+            start, end = emitter.wall(comp.start_perf), emitter.wall(comp.end_perf)
+        elif rec is not None and rec.start_ns is not None:
+            start = rec.start_ns
+            end = start + (rec.duration_ns or 0)
+        else:
+            return 0.0
+        if rec is None:
+            self._emitted_without_record.append(comp.key)
+        attrs = self._span_attributes(comp, rec)
+        is_step = parent is not self._run_parent()
+        if is_step and comp.step is not None:
+            attrs[semconv.ATTR_STEP] = comp.step
+        span_ctx = emitter.span(semconv.SPAN_COMPILE, parent, start, end, attrs)
+        seconds = max(0, end - start) / 1e9
+        sampled = span_ctx.trace_flags.sampled
+        exemplar = trace.set_span_in_context(NonRecordingSpan(span_ctx)) if sampled else None
+        self.duration_hist.record(seconds, {**self.attrs, semconv.ATTR_COMPILE_TRIGGER:
+                                            attrs[semconv.ATTR_COMPILE_TRIGGER]},
+                                  context=exemplar)
+        self._log(comp, attrs, parent, span_ctx, seconds)
+        return seconds
+
+    def _span_attributes(self, comp: Compilation, rec: records.CompileRecord | None) -> dict:
+        trigger = comp.trigger.lower()
+        attrs: dict[str, Any] = {
+            **self.attrs, semconv.ATTR_COMPILE_ID: comp.key[0] or "",
+            semconv.ATTR_COMPILE_TRIGGER: trigger,
+        }
+        if comp.phase:
+            attrs[semconv.ATTR_PHASE] = comp.phase
+        breaks = comp.graph_breaks
+        if rec is not None and not breaks and comp.start_perf is None:
+            breaks = {r: 1 for r in rec.restart_reasons}
+        attrs[semconv.ATTR_COMPILE_GRAPH_BREAKS] = sum(breaks.values())
+        if breaks:
+            attrs[semconv.ATTR_COMPILE_GRAPH_BREAK_REASONS] = [r[:_MAX_TEXT] for r in breaks]
+        if comp.graphs is not None:
+            attrs[semconv.ATTR_COMPILE_GRAPHS] = comp.graphs
+        reason = self._reason(comp, rec)
+        attrs[semconv.ATTR_COMPILE_REASON] = reason
+        if rec is None:
+            return attrs
+        if rec.frame:
+            attrs[semconv.ATTR_COMPILE_FRAME] = rec.frame
+        if rec.guard_failure:
+            attrs[semconv.ATTR_COMPILE_GUARD_FAILURE] = rec.guard_failure[:_MAX_TEXT]
+        for name, value in ((semconv.ATTR_COMPILE_GRAPH_OPS, rec.graph_ops),
+                            (semconv.ATTR_COMPILE_GUARDS, rec.guards),
+                            (semconv.ATTR_COMPILE_CUDAGRAPH_SKIP_REASON,
+                             rec.cudagraph_skip_reason),
+                            (semconv.ATTR_COMPILE_FAIL_TYPE, rec.fail_type),
+                            (semconv.ATTR_COMPILE_FAIL_REASON,
+                             rec.fail_reason[:_MAX_TEXT] if rec.fail_reason else None)):
+            if value is not None:
+                attrs[name] = value
+        for key, seconds in rec.times.items():
+            attrs[semconv.ATTR_COMPILE_TIME_PREFIX + key] = seconds
+        for key, count in rec.cache.items():
+            attrs[semconv.ATTR_COMPILE_CACHE_PREFIX + key] = count
+        if rec.recompile_limit_hit:
+            attrs[semconv.ATTR_COMPILE_RECOMPILE_LIMIT_HIT] = True
+            limit = _recompile_limit(rec.fail_reason) or self._limit_at_start
+            if limit is not None:
+                attrs[semconv.ATTR_COMPILE_RECOMPILE_LIMIT] = limit
+        elif rec.kind == records.FORWARD and rec.has_guarded_code and rec.graph_ops is not None:
+            frame = _portable_frame(rec)
+            attrs[semconv.ATTR_COMPILE_FINGERPRINT] = self.fingerprint.add(
+                comp.step if comp.step is not None else -1, frame, rec.graph_ops, rec.guards,
+                rec.shapes)
+        return attrs
+
+    def _reason(self, comp: Compilation, rec: records.CompileRecord | None) -> str:
+        compile_id = comp.key[0]
+        if rec is None or rec.kind != records.FORWARD:
+            return self._reasons_by_id.get(compile_id or "", semconv.COMPILE_REASON_FIRST)
+        if rec.recompile_limit_hit:
+            reason = semconv.COMPILE_REASON_RECOMPILE_LIMIT
+        elif rec.guard_failure:
+            reason = recompile_category(rec.guard_failure)
+        elif rec.frame_compile:
+            reason = semconv.COMPILE_REASON_UNKNOWN
+        else:
+            reason = semconv.COMPILE_REASON_FIRST
+        if compile_id:
+            self._reasons_by_id[compile_id] = reason
+            while len(self._reasons_by_id) > 256:
+                self._reasons_by_id.popitem(last=False)
+        return reason
+
+    def _log(self, comp: Compilation, attrs: dict, parent: SpanContext, span_ctx: SpanContext,
+             seconds: float) -> None:
+        span_id = span_ctx.span_id if span_ctx.trace_flags.sampled else parent.span_id
+        ids = {semconv.LOG_TRACE_ID: f"{parent.trace_id:032x}",
+               semconv.LOG_SPAN_ID: f"{span_id:016x}",
+               semconv.LOG_STEP: comp.step, semconv.LOG_PHASE: semconv.PHASE_COMPILE,
+               semconv.LOG_DURATION_MS: round(seconds * 1e3, 3)}
+        frame = attrs.get(semconv.ATTR_COMPILE_FRAME)
+        reason = attrs[semconv.ATTR_COMPILE_REASON]
+        if attrs.get(semconv.ATTR_COMPILE_RECOMPILE_LIMIT_HIT):
+            self._emit_log("warning", "otel_train.compile.recompile_limit", ids, frame=frame,
+                           recompile_limit=attrs.get(semconv.ATTR_COMPILE_RECOMPILE_LIMIT),
+                           guard_failure=attrs.get(semconv.ATTR_COMPILE_GUARD_FAILURE),
+                           detail="the frame hit the recompile limit and now runs eagerly")
+        else:
+            self._emit_log("info", "otel_train.compile", ids, frame=frame, reason=reason,
+                           trigger=attrs[semconv.ATTR_COMPILE_TRIGGER],
+                           graph_breaks=attrs[semconv.ATTR_COMPILE_GRAPH_BREAKS])
+
+    def _step_ids(self) -> dict[str, Any]:
+        """Log ids of the last step this rank finished (its train.rank_step span)."""
+        step = max(self._steps_done - 1, 0)
+        run_id, rank = self.ctx.identity.run_id, self.ctx.identity.rank
+        return {semconv.LOG_TRACE_ID: f"{identity.step_trace_id(run_id, step):032x}",
+                semconv.LOG_SPAN_ID: f"{identity.rank_step_span_id(run_id, step, rank):016x}",
+                semconv.LOG_STEP: step}
+
+    def _emit_log(self, level: str, event: str, ids: dict[str, Any], **fields: Any) -> None:
+        """A log line from the emitter thread: straight to OTel logs (a bridged structlog
+        line would go through the recorder, which the emitter's last pass no longer reads)
+        and to the console."""
+        emitter = self.ctx.emitter
+        fields = {k: v for k, v in fields.items() if v is not None}
+        console = getattr(emitter, "console", None)
+        otel_log = getattr(emitter, "_otel_log", None)
+        if otel_log is None:
+            getattr(self.ctx.log, level)(event, **ids, **fields)
+            return
+        if console is not None:
+            getattr(console, level)(event, **ids, **fields)
+        trace_hex, span_hex = ids.get(semconv.LOG_TRACE_ID), ids.get(semconv.LOG_SPAN_ID)
+        rest = {k: v for k, v in ids.items()
+                if k not in (semconv.LOG_TRACE_ID, semconv.LOG_SPAN_ID)}
+        otel_log(time.time_ns(), level, event, {**rest, **fields},
+                 int(trace_hex, 16) if trace_hex else 0, int(span_hex, 16) if span_hex else 0)
+
+    # --- emitter thread: cross-rank consistency ----------------------------------------
+    def _consistency(self, final: bool = False) -> None:
+        ident = self.ctx.identity
+        if ident.world_size < 2 or self._exchange is False:
+            return
+        now = time.monotonic()
+        if not final and now - self._last_compare < 1.0:
+            return
+        self._last_compare = now
+        try:
+            if self._exchange is None:
+                store = fpmod.open_store(timeout_s=5.0)
+                if store is None:
+                    self._exchange = False
+                    return
+                self._exchange = fpmod.Exchange(
+                    store, f"otel_train/{ident.run_id}/compile", ident.rank, ident.world_size)
+            exchange = self._exchange
+            exchange.publish(self.fingerprint, self._steps_done, force=final)
+            mismatch = exchange.compare(self.fingerprint, self._steps_done)
+            deadline = now + 3.0
+            while final and mismatch is None and self._pending_comparison(exchange) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.05)  # the reference rank's last entries may still be on the way
+                mismatch = exchange.compare(self.fingerprint, self._steps_done)
+        except Exception as err:
+            self._exchange = False
+            self._emit_log("warning", "otel_train.compile.consistency_unavailable",
+                           self._step_ids(),
+                           error=repr(err))
+            return
+        if mismatch is not None and not self.mismatch_reported:
+            self._report_mismatch(*mismatch)
+
+    def _pending_comparison(self, exchange: fpmod.Exchange) -> bool:
+        return exchange.rank != fpmod.REFERENCE_RANK and exchange.verified < len(
+            self.fingerprint.entries)
+
+    def _report_mismatch(self, kind: str, index: int) -> None:
+        self.mismatch_reported = True
+        attrs = {**self.attrs, semconv.ATTR_COMPILE_INCONSISTENCY: kind}
+        self.inconsistent_gauge.set(1, attrs)
+        self._emit_log(
+            "warning", "otel_train.compile.inconsistent", self._step_ids(), inconsistency=kind,
+            graph_index=index, reference_rank=fpmod.REFERENCE_RANK,
+            fingerprint=self.fingerprint.value,
+            detail=("this rank compiled a different graph than the reference rank"
+                    if kind == fpmod.GRAPH else
+                    "this rank and the reference rank compiled a different number of graphs"))
+
+
+def _callback_args(args: tuple[Any, ...]) -> tuple[str | None, str]:
+    """(compile id, trigger) from the callback's CallbackArgs; older torch passes none."""
+    if not args:
+        return None, "DYNAMO"
+    arg = args[0]
+    trigger = getattr(getattr(arg, "callback_trigger", None), "name", "DYNAMO")
+    compile_id = getattr(arg, "compile_id", None)
+    return (str(compile_id) if compile_id is not None else None), trigger
+
+
+def _recompile_limit(fail_reason: str | None = None) -> int | None:
+    """The limit a frame hit: from dynamo's message (it names the value), else the config.
+    Dynamo's config is per thread (context variables) in recent torch: read it only on the
+    training thread."""
+    match = re.search(r"currently set to (\d+)", fail_reason or "")
+    if match:
+        return int(match.group(1))
+    if fail_reason is not None:
+        return None
+    from torch._dynamo import config
+
+    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.7
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _portable_frame(rec: records.CompileRecord) -> str:
+    # file paths may differ between ranks' images or checkouts: name, file name and line
+    return f"{rec.co_name}@{os.path.basename(rec.filename or '')}:{rec.line}"
