@@ -274,6 +274,7 @@ class Prometheus:
     targets: dict[str, list[str]]
     scrape_interval: str = "1s"
     evaluation_interval: str = "1s"
+    extra_args: list[str] = field(default_factory=list)
     port: int = field(default_factory=free_port)
     process: Process | None = None
 
@@ -306,6 +307,7 @@ class Prometheus:
             f"--web.listen-address=127.0.0.1:{self.port}",
             "--enable-feature=exemplar-storage",
             "--storage.tsdb.retention.time=1h",
+            *self.extra_args,
         ]
         self.process = Process("prometheus", argv, dict(os.environ),
                                self.workdir / "prometheus.log").start()

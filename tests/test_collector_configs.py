@@ -20,10 +20,12 @@ from pipeline_fixtures import (
     DEFAULT_COLLECTOR,
     OPENMETRICS,
     Collector,
+    Prometheus,
     collector_binary,
     free_port,
     http_get,
     http_post_json,
+    prometheus_binary,
     read_logs,
     read_spans,
     running_collector,
@@ -171,6 +173,21 @@ def span(name: str, trace_id: str, span_id: str, start_ns: int, duration_ms: flo
     return out
 
 
+def step_histogram(now: int) -> dict:
+    """One training.step.duration histogram point of rank 1, with an exemplar."""
+    return {"resourceMetrics": [{"resource": _resource(1), "scopeMetrics": [{
+        "scope": {"name": "otel_train"}, "metrics": [{
+            "name": "training.step.duration", "unit": "s", "histogram": {
+                "aggregationTemporality": 2, "dataPoints": [{
+                    "attributes": [_kv("training.rank", 1), _kv("training.run.id", "run-x")],
+                    "startTimeUnixNano": str(now - 10**9), "timeUnixNano": str(now),
+                    "count": "1", "sum": 0.05, "bucketCounts": ["0", "1", "0"],
+                    "explicitBounds": [0.01, 0.1],
+                    "exemplars": [{"timeUnixNano": str(now), "asDouble": 0.05,
+                                   "traceId": TRACE_ID, "spanId": "00f067aa0ba902b7"}],
+                }]}}]}]}]}
+
+
 def test_local_pipeline_writes_traces_and_logs_and_serves_exemplars(tmp_path):
     now = time.time_ns()
     with running_collector(CONFIGS_DIR / "local.yaml", tmp_path,
@@ -182,17 +199,7 @@ def test_local_pipeline_writes_traces_and_logs_and_serves_exemplars(tmp_path):
             "timeUnixNano": str(now), "severityNumber": 9, "body": {"stringValue": "step done"},
             "traceId": TRACE_ID, "spanId": "00f067aa0ba902b7"}]}]}]}
         assert http_post_json(f"{col.otlp_http}/v1/logs", logs) == 200
-        metrics = {"resourceMetrics": [{"resource": _resource(1), "scopeMetrics": [{
-            "scope": {"name": "otel_train"}, "metrics": [{
-                "name": "training.step.duration", "unit": "s", "histogram": {
-                    "aggregationTemporality": 2, "dataPoints": [{
-                        "attributes": [_kv("training.rank", 1), _kv("training.run.id", "run-x")],
-                        "startTimeUnixNano": str(now - 10**9), "timeUnixNano": str(now),
-                        "count": "1", "sum": 0.05, "bucketCounts": ["0", "1", "0"],
-                        "explicitBounds": [0.01, 0.1],
-                        "exemplars": [{"timeUnixNano": str(now), "asDouble": 0.05,
-                                       "traceId": TRACE_ID, "spanId": "00f067aa0ba902b7"}],
-                    }]}}]}]}]}
+        metrics = step_histogram(now)
         assert http_post_json(f"{col.otlp_http}/v1/metrics", metrics) == 200
 
         spans = wait_for("the span in the file exporter's traces.jsonl",
@@ -292,3 +299,51 @@ def test_gateway_keeps_slow_failed_and_stalled_steps_and_drops_the_rest(tmp_path
             spans = read_spans(backend.output_dir / "traces.jsonl")
             for kind in kept_kinds:
                 assert len([s for s in spans if s["traceId"] == ids[kind]]) == 2
+
+
+def test_gateway_delivers_logs_over_otlp_http_and_metrics_by_remote_write(tmp_path):
+    # Loki's stand-in is a local collector (OTLP/HTTP in, logs.jsonl out); the metrics go to
+    # a real Prometheus with its remote-write receiver and exemplar storage on.
+    prometheus_binary()
+    prom = Prometheus(tmp_path / "prom", targets={}, extra_args=[
+        "--web.enable-remote-write-receiver"])
+    try:
+        prom.start()
+        with running_collector(CONFIGS_DIR / "local.yaml", tmp_path / "loki") as loki:
+            env = {
+                "TEMPO_OTLP_ENDPOINT": f"127.0.0.1:{free_port()}",
+                "LOKI_OTLP_ENDPOINT": loki.otlp_http,
+                "PROMETHEUS_REMOTE_WRITE_ENDPOINT": f"{prom.url}/api/v1/write",
+            }
+            with running_collector(CONFIGS_DIR / "gateway.yaml", tmp_path / "gateway",
+                                   extra_env=env) as gateway:
+                now = time.time_ns()
+                logs = {"resourceLogs": [{"resource": _resource(1), "scopeLogs": [{
+                    "logRecords": [{"timeUnixNano": str(now), "severityNumber": 9,
+                                    "body": {"stringValue": "step done"},
+                                    "traceId": TRACE_ID, "spanId": "00f067aa0ba902b7"}]}]}]}
+                assert http_post_json(f"{gateway.otlp_http}/v1/logs", logs) == 200
+                assert http_post_json(f"{gateway.otlp_http}/v1/metrics",
+                                      step_histogram(now)) == 200
+
+                records = wait_for("the log at the OTLP/HTTP backend",
+                                   lambda: read_logs(loki.output_dir / "logs.jsonl"), 30,
+                                   on_timeout=gateway.log_tail)
+                assert records[0]["traceId"] == TRACE_ID
+
+                query = 'training_step_duration_seconds_count{training_run_id="run-x"}'
+                result = wait_for("the remote-written histogram in Prometheus",
+                                  lambda: prom.query(query), 30, on_timeout=gateway.log_tail)
+                assert result[0]["metric"]["training_rank"] == "1"
+                assert float(result[0]["value"][1]) == 1
+                exemplars = wait_for(
+                    "the remote-written exemplar",
+                    lambda: prom.api("query_exemplars",
+                                     query='training_step_duration_seconds_bucket'
+                                           '{training_run_id="run-x"}',
+                                     start=str(now / 1e9 - 600), end=str(now / 1e9 + 600)), 30)
+                trace_ids = {e["labels"].get("trace_id") for s in exemplars
+                             for e in s["exemplars"]}
+                assert trace_ids == {TRACE_ID}
+    finally:
+        prom.kill()
