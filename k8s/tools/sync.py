@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         stale = stale_files()
         for path in stale:
-            print(f"stale: {path.relative_to(REPO)} (run python3 k8s/tools/sync.py)")
+            shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+            print(f"stale: {shown} (run python3 k8s/tools/sync.py)")
         return 1 if stale else 0
     write()
     return 0
