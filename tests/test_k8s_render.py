@@ -60,7 +60,7 @@ def crdcheck() -> str:
     return require_binary("crdcheck", "OTEL_TRAIN_CRDCHECK_BIN", TOOLS_BIN / "crdcheck")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def render_text(kustomization: str) -> str:
     result = subprocess.run([kustomize(), "build", str(K8S / kustomization)],
                             capture_output=True, text=True, timeout=120)
@@ -258,7 +258,7 @@ def structural(schema: dict) -> dict:
     return schema
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def crd_validators() -> dict[str, jsonschema.Draft7Validator]:
     validators = {}
     for entry in json.loads(CRDS_LOCK.read_text())["crds"]:
