@@ -169,3 +169,28 @@ def test_unimplemented_live_backends_say_so(healthy: Path,
     assert main(["check", "--loki", "http://127.0.0.1:9", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)["checks"]
     assert row["status"] == NOT_APPLICABLE and "not implemented" in row["evidence"]
+
+
+def test_no_run_spans_at_all_is_not_applicable(copy: Path) -> None:
+    def drop_run_spans(request: dict) -> dict:
+        for spans, span in each_span(request):
+            if span["name"] in (sc.SPAN_RUN, sc.SPAN_SETUP):
+                spans.remove(span)
+        return request
+
+    rewrite_lines(copy, sc.TRACES_GLOB, drop_run_spans)
+    status, evidence = verdicts(copy)["launcher_context"]
+    assert status == NOT_APPLICABLE and evidence.startswith("no train.run spans exported")
+
+
+def test_spans_uneven_across_ranks_fail_sampling_consistency(copy: Path) -> None:
+    def duplicate_rank_0_forward(request: dict) -> dict:
+        for spans, span in each_span(request):
+            if span["name"] == sc.SPAN_FORWARD and attr(span, sc.ATTR_RANK) == 0 \
+                    and attr(span, sc.ATTR_STEP) == 3:
+                spans.append({**span, "spanId": "00000000000000ff"})
+        return request
+
+    rewrite_lines(copy, sc.TRACES_GLOB, duplicate_rank_0_forward)
+    status, evidence = verdicts(copy)["sampling_consistency"]
+    assert status == FAIL and "step 3 forward: 4 spans from 3 ranks" in evidence

@@ -189,7 +189,7 @@ def test_prometheus_without_the_rule_fails_the_alert_item(tmp_path: Path) -> Non
         status, evidence = verdicts(url, "healthy")["throttling_alert"]
     finally:
         stop(proc)
-    assert status == FAIL and evidence == "no alerting rule queries CPU throttling"
+    assert status == FAIL and evidence == "no alerting rule reads CPU throttling"
 
 
 def test_unreachable_prometheus_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

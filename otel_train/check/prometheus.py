@@ -39,8 +39,8 @@ class PrometheusAPI:
         return self.get("/api/v1/query_exemplars", query=promql, start=f"{now - window_s:.3f}",
                         end=f"{now:.3f}")
 
-    def alert_rules(self) -> list[dict[str, Any]]:
-        groups = self.get("/api/v1/rules", type="alert")["groups"]
+    def rules(self) -> list[dict[str, Any]]:
+        groups = self.get("/api/v1/rules")["groups"]
         return [rule for group in groups for rule in group.get("rules", ())]
 
 
@@ -100,12 +100,25 @@ def cpu_throttling_measured(api: PrometheusAPI, run_id: str | None) -> CheckResu
                 "exporter) and scrape cAdvisor (kubelet /metrics/cadvisor)")
 
 
+def throttling_alerts(rules: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Alerting rules that read CPU throttling, directly or through recording rules."""
+    watched = {CADVISOR_THROTTLED, PROM_CPU_THROTTLED}
+    recording = [r for r in rules if r.get("type") == "recording"]
+    grown = True
+    while grown:
+        before = len(watched)
+        watched |= {r["name"] for r in recording
+                    if any(name in r.get("query", "") for name in watched)}
+        grown = len(watched) > before
+    return [r for r in rules if r.get("type") == "alerting"
+            and any(name in r.get("query", "") for name in watched)]
+
+
 def throttling_alert(api: PrometheusAPI, run_id: str | None) -> CheckResult:
-    rules = [r for r in api.alert_rules() if any(
-        name in r.get("query", "") for name in (CADVISOR_THROTTLED, PROM_CPU_THROTTLED))]
+    rules = throttling_alerts(api.rules())
     healthy = [r for r in rules if r.get("health", "ok") in ("ok", "unknown")]
     evidence = ", ".join(f"{r['name']} ({r.get('state', '?')}, health {r.get('health', '?')})"
-                         for r in rules) or "no alerting rule queries CPU throttling"
+                         for r in rules) or "no alerting rule reads CPU throttling"
     return _row("throttling_alert", bool(healthy), "loaded: " + evidence if rules else evidence,
                 "load the repository's alert rules (rule_files in prometheus.yml) and reload")
 

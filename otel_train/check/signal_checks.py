@@ -61,9 +61,12 @@ def launcher_context(ev: RunEvidence) -> CheckResult:
     runs = ev.traces.run_spans
     size = world(ev.traces)
     item = "launcher_context"
-    if not runs:
-        return _result(item, False, "no train.run spans", "end the run cleanly (the "
-                       "instrument() context exits) so every rank exports its run span")
+    if not runs:  # e.g. a trace-id ratio sampler dropped the run's own (root) trace
+        return CheckResult(item, NOT_APPLICABLE, "no train.run spans exported, so nothing "
+                           "shows a launcher context (without TRACEPARENT a ratio sampler "
+                           "may drop the run's own trace)", "launch with a sampled "
+                           "TRACEPARENT: the run spans then follow the launcher's decision",
+                           SOURCE)
     parents = {r: (s.trace_id, s.parent_id) for r, s in runs.items() if s.parent_id}
     if not parents:
         return CheckResult(item, NOT_APPLICABLE, f"{len(runs)} train.run spans, none with a "
