@@ -1,0 +1,329 @@
+"""Collectives: every all-gather, reduce-scatter, all-reduce, ... as a span, with bandwidth,
+exposed communication, overlap and stall detection.
+
+The hot path is in ``collectives_capture`` (wrappers, ProcessGroup hooks, DDP comm hook) and
+puts records; everything else happens here, on the emitter thread: pending collectives are
+kept by key until their completion record arrives, each finished step takes the collectives
+issued before its end (phase by time on the perf_counter clock: the phase whose interval
+holds the issue time; async ones may complete later and are emitted then), and every tick
+polls Works without a future, harvests the NCCL flight recorder and checks for stalls.
+Definitions of the numbers: docs/collectives.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import warnings
+from typing import Any
+
+import torch
+
+from otel_train import semconv
+from otel_train.config import ConfigWarning
+from otel_train.export.buckets import SECONDS_BUCKETS
+from otel_train.recorder import EVENT
+from otel_train.sources import collectives_capture as capture_mod
+from otel_train.sources import collectives_math as cmath
+from otel_train.sources.collectives_capture import (
+    DONE,
+    FLUSH,
+    ISSUE,
+    RECORD,
+    WORK,
+    Capture,
+)
+from otel_train.sources.collectives_nccl import FlightRecorder
+from otel_train.sources.stall import StallWatch
+
+_COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
+#: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
+ENV_PG_HOOKS = "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"
+_MIN_TORCH = (2, 6)
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Collective:
+    key: int
+    op: str
+    api: str
+    backend: str
+    group: str
+    group_size: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...]
+    async_op: bool
+    issue: int  # perf_counter ns
+    step: int
+    seq: int
+    source: str
+    done: int | None = None
+    error: str | None = None
+    work: Any = None
+    stalled_at: int = 0
+    span_id: int = 0
+    gpu_duration_s: float | None = None
+    owner: Any = None  # the StepInfo it was counted in, when it completes after its step
+
+    def seconds(self) -> float:
+        if self.gpu_duration_s is not None:
+            return self.gpu_duration_s
+        return max(0, (self.done or self.issue) - self.issue) / 1e9
+
+
+def _torch_version() -> tuple[int, int]:
+    parts = torch.__version__.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return (0, 0)
+
+
+class CollectiveSource:
+    """The source registered in ``instrument.SOURCES``."""
+
+    def __init__(self) -> None:
+        self.capture: Capture | None = None
+        self.ledger: Ledger | None = None
+        self.mechanisms: list[str] = []
+
+    def start(self, ctx: Any) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_available() or not dist.is_initialized():
+            return
+        if _torch_version() < _MIN_TORCH:
+            warnings.warn(f"otel-train: collectives need torch >= 2.6 (found "
+                          f"{torch.__version__}); not observed", ConfigWarning, stacklevel=4)
+            return
+        ledger = self.ledger = Ledger(ctx)
+        cap = self.capture = Capture(ctx.recorder.put, ctx.tracker)
+        if ledger.flight_recorder is not None:
+            cap.skip_backends.add("nccl")
+            self.mechanisms.append("nccl_flight_recorder")
+        wrapped = cap.wrap_functions()
+        if wrapped:
+            self.mechanisms.append("torch.distributed")
+        use_hooks = capture_mod.pg_hooks_available() and os.environ.get(ENV_PG_HOOKS) != "0"
+        if use_hooks and cap.hook_groups():
+            self.mechanisms.append("process_group_hooks")
+        elif ctx.model is not None and cap.hook_ddp(ctx.model, ctx.log):
+            self.mechanisms.append("ddp_comm_hook")
+        ctx.log.info("otel_train.collectives", mechanisms=self.mechanisms,
+                     stall_timeout_s=ctx.config.stall_timeout_s)
+
+    def stop(self) -> None:
+        if self.capture is not None:
+            self.capture.remove()
+            self.ledger.recorder.put_always((EVENT, RECORD, (FLUSH, time.perf_counter_ns())))
+
+
+class Ledger:
+    """The emitter thread's book of collectives: pending, finished, and whose step is whose."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.emitter = emitter = ctx.emitter
+        self.recorder = ctx.recorder
+        self.offset = emitter.offset
+        self.rank = ctx.identity.rank
+        self.run_id = ctx.identity.run_id
+        self.base = {semconv.ATTR_RANK: self.rank, semconv.ATTR_RUN_ID: self.run_id}
+        self.pending: dict[int, Collective] = {}
+        self.finished: list[Collective] = []
+        self._for_spans: dict[int, list[Collective]] = {}
+        self.stall = StallWatch(ctx.config.stall_timeout_s, ctx.log, self.run_id)
+        recorder = FlightRecorder(ctx.identity.world_size)
+        self.flight_recorder = recorder if recorder.available() else None
+        meter = ctx.meter
+        self.duration = meter.create_histogram(
+            semconv.METRIC_COLLECTIVE_DURATION, unit="s",
+            description="Time of each collective, issue to completion (GPU time on NCCL "
+                        "with the flight recorder's timing).",
+            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        self.size = meter.create_counter(semconv.METRIC_COLLECTIVE_SIZE, unit="By",
+                                         description="Bytes of collectives (nccl-tests size).")
+        self.overlap = meter.create_gauge(
+            semconv.METRIC_COMM_OVERLAP, unit="1",
+            description="Fraction of the step's communication time hidden under computation.")
+        emitter.on_event(RECORD, self.on_record)
+        emitter.before_step(self._guarded(self.before_step))
+        emitter.on_step(self._guarded(self.on_step))
+        emitter.on_tick(self.tick)
+        self.log = ctx.log
+        self.errors = 0
+
+    def _guarded(self, listener: Any) -> Any:
+        """A step listener that raises would cost the whole step its telemetry: contain it."""
+        def guarded(info: Any) -> None:
+            try:
+                listener(info)
+            except Exception as err:
+                self.errors += 1
+                if self.errors <= 3:
+                    self.log.warning("otel_train.collectives_error", error=repr(err))
+
+        return guarded
+
+    # --- records ---------------------------------------------------------------------
+    def on_record(self, payload: tuple[Any, ...]) -> None:
+        kind = payload[0]
+        if kind == ISSUE:
+            (_, key, op, api, backend, group, group_size, nbytes, dtype, shape, async_op, t0,
+             step, seq, source) = payload
+            self.pending[key] = Collective(key, op, api, backend, group, group_size, nbytes,
+                                           dtype, shape, async_op, t0, step, seq, source)
+        elif kind == DONE:
+            coll = self.pending.pop(payload[1], None)
+            if coll is not None:
+                coll.done, coll.error = payload[2], payload[3]
+                self._finish(coll)
+        elif kind == WORK:
+            coll = self.pending.get(payload[1])
+            if coll is not None:
+                coll.work = payload[2]
+        elif kind == FLUSH:
+            self.tick()
+            self._flush(payload[1])
+
+    def _finish(self, coll: Collective) -> None:
+        coll.work = None
+        if coll.owner is None:
+            self.finished.append(coll)
+            return
+        info = coll.owner  # its step is out already: emit it on its own
+        self._metrics(coll, info)
+        if info.sampled:
+            self._span(coll, info)
+
+    def tick(self) -> None:
+        now = time.perf_counter_ns()
+        for coll in [c for c in self.pending.values() if c.work is not None]:
+            if coll.work.is_completed():  # non-blocking; Works without a future only
+                del self.pending[coll.key]
+                coll.done = now
+                self._finish(coll)
+        if self.flight_recorder is not None:
+            self._harvest()
+        self.stall.check(list(self.pending.values()), now)
+
+    def _harvest(self) -> None:
+        assert self.flight_recorder is not None
+        for entry in self.flight_recorder.poll():
+            key = -1 - int(entry["record_id"])
+            coll = self.pending.get(key)
+            if coll is None:
+                created = int(entry.get("time_created_ns") or 0) - self.offset
+                coll = Collective(
+                    key, entry["op"], "nccl:" + str(entry.get("profiling_name", "")), "nccl",
+                    entry["group"], entry["group_size"], entry["nbytes"],
+                    str((entry.get("input_dtypes") or [""])[0]),
+                    tuple((entry.get("input_sizes") or [[]])[0]), True, created,
+                    self._step_at(created), int(entry.get("collective_seq_id") or 0),
+                    "nccl_flight_recorder")
+                self.pending[key] = coll
+            if not entry["terminal"]:
+                continue
+            del self.pending[key]
+            duration_ms = entry.get("duration_ms")
+            if duration_ms is not None:
+                coll.gpu_duration_s = float(duration_ms) / 1e3
+            completed = entry.get("time_discovered_completed_ns")
+            coll.done = (int(completed) - self.offset if completed
+                         else coll.issue + int((coll.gpu_duration_s or 0) * 1e9))
+            self._finish(coll)
+
+    def _step_at(self, perf_ns: int) -> int:
+        return self.emitter.steps_emitted  # NCCL entries: the step being trained now
+
+    # --- steps -----------------------------------------------------------------------
+    def before_step(self, info: Any) -> None:
+        lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
+        mine = [c for c in self.finished if c.issue < hi]
+        self.finished = [c for c in self.finished if c.issue >= hi]
+        late = [c for c in self.pending.values() if c.owner is None and c.issue < hi]
+        for coll in late:
+            coll.owner = info
+        if not mine and not late:
+            return
+        comm = [(c.issue, c.done or c.issue) for c in mine] + [(c.issue, hi) for c in late]
+        blocking = ([(c.issue, c.done or c.issue) for c in mine if not c.async_op]
+                    + [(c.issue, hi) for c in late if not c.async_op])
+        compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
+        exposed, total = cmath.exposed_and_total(comm, blocking, compute, lo, hi)
+        info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
+            info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
+        if total > 0:
+            self.overlap.set(1.0 - exposed / total, self.base)
+        for coll in mine:
+            self._metrics(coll, info)
+        self._for_spans[info.step] = mine
+
+    def on_step(self, info: Any) -> None:
+        colls = self._for_spans.pop(info.step, [])
+        if info.sampled:
+            for coll in colls:
+                self._span(coll, info)
+
+    # --- output ----------------------------------------------------------------------
+    def _metrics(self, coll: Collective, info: Any | None) -> None:
+        ctx = self.emitter.exemplar_context(info) if info is not None else None
+        op = coll.op if coll.op in semconv.COLLECTIVE_OPS else "other"
+        self.duration.record(coll.seconds(), {**self.base, semconv.ATTR_COLLECTIVE_OP: op,
+                                              semconv.ATTR_COLLECTIVE_BACKEND: coll.backend},
+                             context=ctx)
+        if coll.nbytes:
+            self.size.add(coll.nbytes, {**self.base, semconv.ATTR_COLLECTIVE_OP: op})
+
+    def _parent(self, coll: Collective, info: Any) -> Any:
+        issued = coll.issue + self.offset
+        for _, _, ctx, start, end in info.phase_spans:
+            if start <= issued < end:
+                return ctx
+        return info.rank_step_context
+
+    def _span(self, coll: Collective, info: Any, end_perf: int | None = None) -> None:
+        end = coll.done if coll.done is not None else (end_perf or coll.issue)
+        attrs: dict[str, Any] = {
+            **self.base, semconv.ATTR_STEP: info.step,
+            semconv.ATTR_COLLECTIVE_OP: coll.op, semconv.ATTR_COLLECTIVE_BACKEND: coll.backend,
+            semconv.ATTR_COLLECTIVE_BYTES: coll.nbytes,
+            semconv.ATTR_COLLECTIVE_GROUP_SIZE: coll.group_size,
+            semconv.ATTR_COLLECTIVE_SEQ: coll.seq, semconv.ATTR_COLLECTIVE_DTYPE: coll.dtype,
+            semconv.ATTR_COLLECTIVE_GROUP: coll.group, semconv.ATTR_COLLECTIVE_API: coll.api,
+            semconv.ATTR_COLLECTIVE_ASYNC: coll.async_op,
+            semconv.ATTR_COLLECTIVE_SHAPE: list(coll.shape),
+            semconv.ATTR_COLLECTIVE_SOURCE: coll.source,
+        }
+        bus = cmath.bus_bandwidth_gbps(coll.op, coll.nbytes, coll.seconds(), coll.group_size)
+        if bus is not None and coll.done is not None:
+            attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
+        if coll.gpu_duration_s is not None:
+            attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = coll.gpu_duration_s
+        events = []
+        if coll.stalled_at:
+            attrs[semconv.ATTR_COLLECTIVE_STALLED] = True
+            events.append((semconv.EVENT_COLLECTIVE_STALLED, coll.stalled_at + self.offset, {
+                semconv.ATTR_COLLECTIVE_OP: coll.op, semconv.ATTR_COLLECTIVE_SEQ: coll.seq,
+                semconv.ATTR_COLLECTIVE_GROUP: coll.group,
+                semconv.ATTR_COLLECTIVE_BYTES: coll.nbytes,
+                "timeout_s": self.stall.timeout_ns / 1e9}))
+        error = coll.error
+        if coll.done is None:
+            attrs[semconv.ATTR_COLLECTIVE_COMPLETED] = False
+            error = error or "the collective had not completed when instrumentation ended"
+        self.emitter.span(semconv.SPAN_COLLECTIVE, self._parent(coll, info),
+                          coll.issue + self.offset, end + self.offset, attrs,
+                          span_id=coll.span_id, error=error, events=events)
+
+    def _flush(self, end_perf: int) -> None:
+        """Instrumentation ends: what never completed becomes an unfinished span; what ran
+        after the last step counts in the metrics only."""
+        for coll in list(self.pending.values()):
+            if coll.owner is not None and coll.owner.sampled:
+                self._span(coll, coll.owner, end_perf)
+        self.pending.clear()
+        for coll in self.finished:
+            self._metrics(coll, None)
+        self.finished = []

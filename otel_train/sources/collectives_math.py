@@ -1,0 +1,79 @@
+"""Pure arithmetic of collectives: bus bandwidth, and the interval sets behind exposed
+communication and overlap (definitions in docs/collectives.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Interval = tuple[int, int]
+
+#: nccl-tests bus-bandwidth factor for a group of n: busbw = algbw * factor
+_BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "all_to_all": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "send": lambda n: 1.0,
+    "recv": lambda n: 1.0,
+}
+
+
+def bus_bandwidth_gbps(op: str, nbytes: int, seconds: float, group_size: int) -> float | None:
+    """nccl-tests bus bandwidth in GB/s (1e9 bytes/s): ``algbw = bytes / time`` times the
+    op's factor. None where it means nothing (no bytes, no time, unknown op)."""
+    factor = _BUS_FACTOR.get(op)
+    if factor is None or nbytes <= 0 or seconds <= 0 or group_size < 1:
+        return None
+    return nbytes / seconds / 1e9 * factor(group_size)
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint intervals covering the same points (empty ones dropped)."""
+    merged: list[list[int]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def clip(intervals: list[Interval], lo: int, hi: int) -> list[Interval]:
+    return [(max(s, lo), min(e, hi)) for s, e in intervals if min(e, hi) > max(s, lo)]
+
+
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """Points of ``a`` not in ``b`` (both sorted and disjoint, as :func:`union` gives)."""
+    out: list[Interval] = []
+    j = 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def measure(intervals: list[Interval]) -> int:
+    return sum(e - s for s, e in intervals)
+
+
+def exposed_and_total(comm: list[Interval], blocking: list[Interval],
+                      compute: list[Interval], lo: int, hi: int) -> tuple[int, int]:
+    """(exposed, total) communication ns in the step window [lo, hi).
+
+    ``comm``: every collective in flight; ``blocking``: the synchronous ones (the issuing
+    thread is blocked in them, so computes nothing); ``compute``: the forward, backward and
+    optimizer phases. Exposed = in flight while nothing computes."""
+    in_flight = clip(union(comm), lo, hi)
+    busy = subtract(union(compute), union(blocking))
+    return measure(subtract(in_flight, busy)), measure(in_flight)

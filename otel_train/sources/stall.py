@@ -1,0 +1,49 @@
+"""Stall detection: a collective pending longer than ``stall_timeout_s`` is reported, from the
+emitter thread, once: an error log naming op, sequence number, sizes and process group, and
+(when it ends, or at exit) a ``collective.stalled`` event and attribute on its span.
+
+The rank that is behind is the one *not* reporting the collective at that sequence number
+of that group: every other rank waits for it there.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from typing import Any
+
+from otel_train import identity, semconv
+
+
+class StallWatch:
+    def __init__(self, timeout_s: float, log: Any, run_id: str) -> None:
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.log = log
+        self.run_id = run_id
+        self.reported = 0
+        self._rand = random.Random()
+
+    def check(self, pending: Iterable[Any], now_perf: int) -> int:
+        """Flag and report every collective of ``pending`` past the timeout; how many."""
+        found = 0
+        for coll in pending:
+            if coll.stalled_at or now_perf - coll.issue < self.timeout_ns:
+                continue
+            coll.stalled_at = coll.issue + self.timeout_ns
+            coll.span_id = coll.span_id or (self._rand.getrandbits(64) or 1)
+            self._report(coll, now_perf)
+            found += 1
+        self.reported += found
+        return found
+
+    def _report(self, coll: Any, now_perf: int) -> None:
+        trace_id = identity.step_trace_id(self.run_id, coll.step)
+        self.log.error(
+            semconv.LOG_COLLECTIVE_STALLED,
+            op=coll.op, seq=coll.seq, group=coll.group, group_size=coll.group_size,
+            backend=coll.backend, bytes=coll.nbytes, shape=list(coll.shape), dtype=coll.dtype,
+            api=coll.api, pending_s=round((now_perf - coll.issue) / 1e9, 3),
+            timeout_s=self.timeout_ns / 1e9,
+            **{semconv.LOG_STEP: coll.step,
+               semconv.LOG_TRACE_ID: f"{trace_id:032x}",
+               semconv.LOG_SPAN_ID: f"{coll.span_id:016x}"})
