@@ -76,6 +76,26 @@ def _attr_value(value: Any) -> Any:
     return text[:4096]
 
 
+class _Backpressure:
+    """Lets the exporters' queues drain before the emitter adds more to them.
+
+    The emitter turns a backlog of records into spans in bursts; a burst larger than the
+    span processor's queue would be dropped there. So the emitter (never the training
+    thread: the hot-path buffer absorbs the delay) waits while the queues are more than half
+    full, up to a time budget per pump; past it, a dead collector's drops are counted as
+    usual and the emitter keeps up with the training thread.
+    """
+
+    def __init__(self, pipeline: Any, budget_s: float) -> None:
+        self.pipeline = pipeline
+        self.deadline = time.monotonic() + budget_s
+
+    def wait_for_room(self) -> None:
+        while self.pipeline.backlog() > 0.5 and time.monotonic() < self.deadline:
+            self.pipeline.nudge()
+            time.sleep(0.002)
+
+
 class Emitter:
     def __init__(
         self,
@@ -159,7 +179,8 @@ class Emitter:
 
     def hold_steps(self, ready: Callable[[int], bool], max_held: int = 64) -> None:
         """Hold finished steps back, in order, until ``ready(step)`` (their GPU events
-        resolved, say); at most ``max_held`` wait, and the last pump waits at most a second."""
+        resolved, say); at most ``max_held`` wait, and the last pump waits at most a second
+        before it emits what is still held."""
         self._step_gates.append(ready)
         self._max_held_steps = max(self._max_held_steps, max_held)
 
@@ -170,10 +191,11 @@ class Emitter:
             step = held[0][1]
             if (len(held) <= self._max_held_steps
                     and not all(ready(step) for ready in self._step_gates)):
-                if time.monotonic() >= deadline:
+                if not final:
                     return
-                time.sleep(0.005)  # the last pump only: polling, never synchronising
-                continue
+                if time.monotonic() < deadline:
+                    time.sleep(0.005)  # the last pump only: polling, never synchronising
+                    continue
             self._emit_step(*held.popleft()[1:])
 
     # --- thread ----------------------------------------------------------------------
@@ -193,7 +215,10 @@ class Emitter:
         self.pump(final=True)
 
     def pump(self, final: bool = False) -> None:
-        for record in self.recorder.drain():
+        budget = _Backpressure(self.pipeline, 0.1 if final or self._stop.is_set() else 0.5)
+        for i, record in enumerate(self.recorder.drain()):
+            if i % 64 == 0:
+                budget.wait_for_room()
             try:
                 self._dispatch(record)
             except Exception as err:  # never let one bad record stop the emitter

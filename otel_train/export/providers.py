@@ -330,6 +330,23 @@ class Pipeline:
             self.kind = "none"
             return None
 
+    def backlog(self) -> float:
+        """How full the fullest batch processor queue is, 0 to 1."""
+        fill = 0.0
+        for processor in self.processors:
+            inner = getattr(processor, "_batch_processor", None)
+            queue, limit = getattr(inner, "_queue", None), getattr(inner, "_max_queue_size", 0)
+            if queue is not None and limit:
+                fill = max(fill, len(queue) / limit)
+        return fill
+
+    def nudge(self) -> None:
+        """Wake the batch processors' workers to export now rather than on their schedule."""
+        for processor in self.processors:
+            awaken = getattr(getattr(processor, "_batch_processor", None), "_worker_awaken", None)
+            if awaken is not None:
+                awaken.set()
+
     def quiet_in_child(self) -> None:
         """In a forked child: stop the export threads the SDK restarted there."""
         for reader in self.readers:
