@@ -17,9 +17,9 @@ bash scripts/install-system-deps.sh
 log "building the collector (cached after the first build)"
 OTEL_TRAIN_COLLECTOR_BIN="$(bash collector/build.sh | tail -n1)"
 export OTEL_TRAIN_COLLECTOR_BIN
-if [[ -f dashboards/tools/build.sh ]]; then
-    bash dashboards/tools/build.sh
-fi
+log "building the query checkers (Prometheus's PromQL parser in Go; Grafana's TraceQL/LogQL grammars)"
+(cd dashboards/tools/promqlcheck && go build -o promqlcheck .)
+(cd dashboards/tools/querycheck && { [[ -d node_modules ]] || npm ci --no-audit --no-fund --silent; })
 
 if [[ "${CI:-}" == "true" || "${CI:-}" == "1" ]]; then
     export OTEL_TRAIN_REQUIRE_BINARIES=1
