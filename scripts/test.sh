@@ -17,6 +17,10 @@ bash scripts/install-system-deps.sh
 log "building the collector (cached after the first build)"
 OTEL_TRAIN_COLLECTOR_BIN="$(bash collector/build.sh | tail -n1)"
 export OTEL_TRAIN_COLLECTOR_BIN
+log "installing kustomize and the custom-resource checker (cached)"
+OTEL_TRAIN_KUSTOMIZE_BIN="$(bash k8s/tools/install-kustomize.sh | tail -n1)"
+OTEL_TRAIN_CRDCHECK_BIN="$(bash k8s/tools/install-crdcheck.sh | tail -n1)"
+export OTEL_TRAIN_KUSTOMIZE_BIN OTEL_TRAIN_CRDCHECK_BIN
 log "building the query checkers (Prometheus's PromQL parser in Go; Grafana's TraceQL/LogQL grammars)"
 (cd dashboards/tools/promqlcheck && go build -o promqlcheck .)
 (cd dashboards/tools/querycheck && { [[ -d node_modules ]] || npm ci --no-audit --no-fund --silent; })
