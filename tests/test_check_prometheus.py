@@ -56,14 +56,9 @@ def wait_for(predicate, timeout_s: float, what: str) -> Any:
 
 
 def repo_rule_files() -> list[Path]:
-    """The repository's alert rules that watch CPU throttling, once they exist."""
-    found = []
-    for pattern in ("dashboards/**/*.y*ml", "k8s/**/*.y*ml"):
-        for path in REPO_ROOT.glob(pattern):
-            text = path.read_text(encoding="utf-8", errors="replace")
-            if "groups:" in text and "alert:" in text and "throttl" in text:
-                found.append(path)
-    return found
+    """The repository's Prometheus rules (prometheus/rules.yml), once they exist."""
+    rules = REPO_ROOT / "prometheus" / "rules.yml"
+    return [rules] if rules.is_file() else []
 
 
 def feed(run_id: str, ranks: int, exemplars: bool, dropped: int) -> list[PrometheusEndpoint]:
@@ -82,8 +77,29 @@ def feed(run_id: str, ranks: int, exemplars: bool, dropped: int) -> list[Prometh
 
 def start_prometheus(tmp: Path, targets: list[int], rule_files: list[Path]
                      ) -> tuple[subprocess.Popen, str]:
-    binary = require_binary("prometheus")
-    port = free_port()
+    """A Prometheus on a free loopback port; a second try if another process took the port."""
+    for attempt in range(2):
+        port = free_port()
+        log = tmp / f"prometheus-{port}.log"
+        proc = _spawn_prometheus(tmp, port, targets, rule_files, log)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: _ready(proc, url, log), 120, "Prometheus ready")  # noqa: B023
+            return proc, url
+        except RuntimeError:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _ready(proc: subprocess.Popen, url: str, log: Path) -> bool:
+    if proc.poll() is not None:  # exited: say why, from its log
+        raise RuntimeError(log.read_text(encoding="utf-8")[-3000:])
+    return urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200
+
+
+def _spawn_prometheus(tmp: Path, port: int, targets: list[int], rule_files: list[Path],
+                      log: Path) -> subprocess.Popen:
     config = tmp / "prometheus.yml"
     config.write_text(json.dumps({  # YAML is a superset of JSON
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
@@ -91,14 +107,12 @@ def start_prometheus(tmp: Path, targets: list[int], rule_files: list[Path]
         "scrape_configs": [{"job_name": "otel-train", "static_configs": [
             {"targets": [f"127.0.0.1:{t}" for t in targets]}]}],
     }))
-    proc = subprocess.Popen(
-        [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--enable-feature=exemplar-storage"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: urllib.request.urlopen(f"{url}/-/ready", timeout=2).status == 200, 60,
-             "Prometheus ready")
-    return proc, url
+    with open(log, "w", encoding="utf-8") as err:
+        return subprocess.Popen(
+            [require_binary("prometheus"), f"--config.file={config}",
+             f"--storage.tsdb.path={tmp / f'data-{port}'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--enable-feature=exemplar-storage"],
+            stdout=subprocess.DEVNULL, stderr=err)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -126,10 +140,10 @@ def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     endpoints = feed("healthy", 2, exemplars=True, dropped=0) + feed("broken", 1, False, 3)
     proc, url = start_prometheus(tmp, [e.port for e in endpoints], rules)
     try:
-        wait_for(lambda: len(query(url, f"{sc.PROM_STEP_DURATION}_count")) == 3, 60,
+        wait_for(lambda: len(query(url, f"{sc.PROM_STEP_DURATION}_count")) == 3, 120,
                  "all three ranks scraped")
-        wait_for(lambda: query(url, f"{sc.PROM_TELEMETRY_DROPPED}"), 60, "the dropped counter")
-        wait_for(lambda: PrometheusAPI(url).exemplars(f"{sc.PROM_STEP_DURATION}_bucket"), 60,
+        wait_for(lambda: query(url, f"{sc.PROM_TELEMETRY_DROPPED}"), 120, "the dropped counter")
+        wait_for(lambda: PrometheusAPI(url).exemplars(f"{sc.PROM_STEP_DURATION}_bucket"), 120,
                  "exemplars stored")
         yield url
     finally:
