@@ -109,21 +109,27 @@ def phase_shares(report: Report) -> str:
 
 
 def over_time(report: Report) -> str:
-    """Stacked columns of the mean phase times per bin of consecutive steps."""
-    bins, height, top = report.over_time, 220, 10
+    """Stacked columns of the mean phase times per bin of consecutive steps. The axis stops at
+    three times the median column, so one compile or warm-up bin cannot flatten the rest;
+    taller columns are cut and labelled with their height."""
+    bins, height, top = report.over_time, 220, 14
     if not bins:
         return _svg("over-time", 40, [_text(LEFT, 20, "no sampled steps", "start")], "empty")
-    span = max(sum(b.phase_mean_s[p] for p in report.phases) for b in bins) or 1e-9
+    totals = [sum(b.phase_mean_s[p] for p in report.phases) for b in bins]
+    span = min(max(totals), 3 * sorted(totals)[len(totals) // 2]) or max(totals) or 1e-9
     width = PLOT_W / len(bins)
     body = [_text(LEFT - 6, top + 10, f"{span:.3g} s"), _text(LEFT - 6, top + height, "0 s")]
     for i, b in enumerate(bins):
         y = top + height
         for phase in report.phases:
-            h = height * b.phase_mean_s[phase] / span
+            h = min(height * b.phase_mean_s[phase] / span, y - top)
             y -= h
             body.append(_rect(LEFT + i * width, y, width * 0.9, h, phase,
                               f"steps {b.first_step}-{b.last_step} {phase}: "
                               f"{b.phase_mean_s[phase]:.4f} s/step"))
+        if totals[i] > span:
+            body.append(_text(LEFT + (i + 0.45) * width, top - 3, f"{totals[i]:.3g} s",
+                              "middle", 9))
     first, last = bins[0].first_step, bins[-1].last_step
     body += [_text(LEFT, top + height + 16, f"step {first}", "start", 10),
              _text(LEFT + PLOT_W, top + height + 16, f"step {last}", "end", 10)]
