@@ -213,6 +213,10 @@ class Emitter:
         while not self._stop.wait(self.cfg.emit_interval_s):
             self.pump()
         self.pump(final=True)
+        for _ in range(3):  # records the last pass itself produced (its own log lines)
+            if not len(self.recorder):
+                break
+            self.pump(final=True)
 
     def pump(self, final: bool = False) -> None:
         budget = _Backpressure(self.pipeline, 0.1 if final or self._stop.is_set() else 0.5)
