@@ -81,6 +81,12 @@ _now = time.perf_counter_ns
 _is_compiling = torch.compiler.is_compiling
 
 
+def _outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A callback C++ calls while a compiled graph runs (a ProcessGroup hook, a future's
+    callback) would be a new frame for dynamo to compile: keep dynamo off it."""
+    return torch._dynamo.disable(fn, recursive=True)
+
+
 def pg_hooks_available() -> bool:
     return hasattr(dist.ProcessGroup, "register_pre_hook") and hasattr(
         dist.ProcessGroup, "register_post_hook")
@@ -162,7 +168,8 @@ class Capture:
             self._put((EVENT, RECORD, (WORK, key, work)))
             return
         put = self._put
-        future.add_done_callback(lambda _f: put((EVENT, RECORD, (DONE, key, _now(), None))))
+        future.add_done_callback(_outside_dynamo(
+            lambda _f: put((EVENT, RECORD, (DONE, key, _now(), None)))))
 
     # --- module wrappers -------------------------------------------------------------
     def wrap_functions(self) -> list[str]:
@@ -286,9 +293,9 @@ class Capture:
             except Exception:
                 self.errors += 1
 
-        group.register_pre_hook(_HOOK_ID, pre)
+        group.register_pre_hook(_HOOK_ID, _outside_dynamo(pre))
         try:
-            group.register_post_hook(_HOOK_ID, post)
+            group.register_post_hook(_HOOK_ID, _outside_dynamo(post))
         except Exception:
             group.unregister_pre_hook(_HOOK_ID)
             raise
