@@ -65,6 +65,22 @@ class Config:
     sampler_arg: float = 1.0
     samples_per_step: int | None = None
     tokens_per_step: int | None = None
+    # --- GPU sources (docs/gpu.md) ---
+    #: time phases with CUDA events on the current stream, resolved off the training thread
+    cuda_timing: bool = True
+    #: reset the allocator's peak statistics at every step end, so the peak gauge is per
+    #: step (it also resets what ``torch.cuda.max_memory_allocated()`` reports)
+    memory_peak_per_step: bool = False
+    #: model FLOPs of one optimizer step (all micro-batches); None: counted once with
+    #: FlopCounterMode where the model has no compiled parts
+    flops_per_step: float | None = None
+    #: the device's peak dense TFLOP/s for MFU; None: looked up by device name (bf16)
+    peak_tflops: float | None = None
+    #: every this many steps, profile ``profile_steps`` steps with torch.profiler (0: off)
+    profile_every: int = 0
+    profile_steps: int = 2
+    #: where profiler traces go (default: ``<run dir>/profiles`` or the output directory)
+    profile_dir: Path | None = None
     #: a collective pending longer than this is reported stalled (error log, span event)
     stall_timeout_s: float = 60.0
 
@@ -107,6 +123,13 @@ def _parse(
 def _positive_int(raw: str) -> int:
     value = int(raw)
     if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
         raise ValueError(raw)
     return value
 
@@ -183,9 +206,23 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
                                "true or false"),
         "stall_timeout_s": _parse(env, "OTEL_TRAIN_STALL_TIMEOUT_S", _positive_float,
                                   d.stall_timeout_s, "a positive number of seconds"),
+        "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
+                              "true or false"),
+        "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,
+                                       d.memory_peak_per_step, "true or false"),
+        "flops_per_step": _parse(env, "OTEL_TRAIN_FLOPS_PER_STEP", _positive_float, None,
+                                 "a positive number of FLOPs"),
+        "peak_tflops": _parse(env, "OTEL_TRAIN_PEAK_TFLOPS", _positive_float, None,
+                              "a positive number of TFLOP/s"),
+        "profile_every": _parse(env, "OTEL_TRAIN_PROFILE_EVERY", _non_negative_int,
+                                d.profile_every, "a number of steps, 0 for off"),
+        "profile_steps": _parse(env, "OTEL_TRAIN_PROFILE_STEPS", _positive_int,
+                                d.profile_steps, "a positive number of steps"),
         "sampler_name": _parse(env, "OTEL_TRACES_SAMPLER", _choice(_SAMPLERS), d.sampler_name,
                                f"one of {', '.join(_SAMPLERS)}"),
     }
+    if env.get("OTEL_TRAIN_PROFILE_DIR"):
+        found["profile_dir"] = Path(env["OTEL_TRAIN_PROFILE_DIR"])
     if env.get("OTEL_SERVICE_NAME"):
         found["service_name"] = env["OTEL_SERVICE_NAME"]
     if found["sampler_name"].endswith("traceidratio"):
@@ -203,6 +240,8 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     values.update({k: v for k, v in overrides.items() if v is not None})
     if "output_dir" in values:
         values["output_dir"] = Path(values["output_dir"])
+    if values.get("profile_dir") is not None:
+        values["profile_dir"] = Path(values["profile_dir"])
     return Config(**values)
 
 

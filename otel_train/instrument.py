@@ -30,7 +30,12 @@ from otel_train.sources.steps import StepHooks, StepTracker
 
 #: what else is observed, beside steps: "module:Class" of each source (see sources/__init__.py)
 SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
-                            "otel_train.sources.collectives:CollectiveSource")
+                            "otel_train.sources.collectives:CollectiveSource",
+                            # GPU truth (docs/gpu.md): each does nothing on a CPU run
+                            "otel_train.sources.cuda_timing:CudaTimingSource",
+                            "otel_train.sources.memory:MemorySource",
+                            "otel_train.sources.mfu:MfuSource",
+                            "otel_train.sources.profiler:ProfilerSource")
 
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None

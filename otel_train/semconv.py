@@ -240,6 +240,8 @@ ATTR_PROFILE_TRACE = "profile.trace_path"
 ATTR_PROFILE_FIRST_STEP = "profile.first_step"
 ATTR_PROFILE_STEPS = "profile.steps"
 ATTR_PROFILE_STOP_S = "profile.stop_s"
+#: seconds the background thread took to write the trace file
+ATTR_PROFILE_WRITE_S = "profile.write_s"
 ATTR_COMM_OVERLAP = "training.comm.overlap"
 ATTR_COMM_EXPOSED = "training.comm.exposed_s"
 ATTR_GPU_IDLE = "training.gpu.idle"

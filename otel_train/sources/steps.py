@@ -79,6 +79,12 @@ class StepTracker:
         self._depth = 0  # phases begun inside an open phase (an LBFGS closure, say)
         self._rand = random.Random()  # never touch the user's global RNG state
         self._ids_cache: tuple[int, int, int] = (-1, 0, 0)
+        #: optional hooks of sources (cuda_timing, memory, profiler), on the training thread:
+        #: ``hook(begin, now_ns)`` after a phase begins and before it ends (read the phase
+        #: fields here), ``hook(step)`` when a step ends, before its record is put. Empty on
+        #: CPU and by default: one truth test each.
+        self.phase_hooks: tuple[Callable[[bool, int], None], ...] = ()
+        self.step_hooks: tuple[Callable[[int], None], ...] = ()
         _live_trackers.add(self)
 
     def active(self) -> bool:
@@ -109,6 +115,9 @@ class StepTracker:
         self.phase = phase
         self.phase_start_ns = now
         self.phase_span_id = self._rand.getrandbits(64) or 1
+        if self.phase_hooks:
+            for hook in self.phase_hooks:
+                hook(True, now)
 
     def end(self, phase: str) -> None:
         if self._depth:
@@ -117,6 +126,9 @@ class StepTracker:
         if self.phase != phase:
             return
         now = _now()
+        if self.phase_hooks:
+            for hook in self.phase_hooks:
+                hook(False, now)
         self._put((PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
                    self.phase_span_id))
         self.phase = None
@@ -136,6 +148,9 @@ class StepTracker:
         micro_batches = max(self.forwards, 1)
         samples = self.fixed_samples if self.fixed_samples is not None else self.samples
         tokens = self.fixed_tokens if self.fixed_tokens is not None else self.tokens
+        if self.step_hooks:
+            for hook in self.step_hooks:
+                hook(self.step)
         self._put((STEP, self.step, start, end, micro_batches, samples, tokens))
         self.step += 1
         self.step_start_ns = end

@@ -1,0 +1,246 @@
+"""GPU-true phase times: CUDA events at phase boundaries, resolved off the training thread.
+
+Training thread (a ``StepTracker`` phase hook): at each forward, backward and optimizer phase
+begin and end, record a pooled ``torch.cuda.Event(enable_timing=True)`` on the current stream
+(asynchronous: it only enqueues a marker) and put one record per phase. Nothing else.
+
+Emitter thread: the step is held back (``Emitter.hold_steps``) until every event of the step
+has completed, which is checked with ``Event.query()``, never waited for; then the GPU
+durations are read with ``elapsed_time`` and the step's spans and metrics are built. A step
+whose events are still pending after ``MAX_HELD`` later steps is emitted with host times
+only, and its events go back to the pool once they complete.
+
+GPU times onto the wall clock (:class:`GpuClock`): the GPU's own times are chained from step
+to step in float64 (``elapsed_time`` is float32 milliseconds: it stays precise only over
+short spans). Wall = GPU + offset, and every event bounds the offset from both sides: it
+cannot complete before the host recorded it (lower bound) nor after the emitter first saw it
+complete (upper bound). The estimate is the tightest lower bound over recent steps, which is
+exact whenever the GPU was idle when a marker was recorded (the first step, a data wait,
+any synchronising call), clipped by the upper bounds.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+import torch
+
+from otel_train import semconv
+from otel_train.export.buckets import SECONDS_BUCKETS
+from otel_train.recorder import EVENT
+from otel_train.sources import RunContext
+from otel_train.sources.gpu_device import training_device
+
+RECORD = "otel_train.cuda_timing"
+#: steps that may wait for their GPU events before they are emitted with host times only
+MAX_HELD = 64
+#: events in the pool at most (two per timed phase); past it phases go untimed
+MAX_EVENTS = 4096
+#: steps over which the clock offset's bounds are kept
+CLOCK_WINDOW = 1024
+_TIMED = frozenset((semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER))
+
+
+class EventPool:
+    """Timing events, reused: taken on the training thread, given back by the emitter.
+
+    ``deque.append``/``popleft`` are atomic under the GIL: no lock on either side.
+    """
+
+    def __init__(self, prealloc: int = 64, cap: int = MAX_EVENTS) -> None:
+        self._free: collections.deque[torch.cuda.Event] = collections.deque(
+            torch.cuda.Event(enable_timing=True) for _ in range(prealloc))
+        self.created = prealloc
+        self.cap = cap
+
+    def take(self) -> torch.cuda.Event | None:
+        try:
+            return self._free.popleft()
+        except IndexError:
+            if self.created >= self.cap:
+                return None
+            self.created += 1
+            return torch.cuda.Event(enable_timing=True)
+
+    def give(self, event: torch.cuda.Event) -> None:
+        self._free.append(event)
+
+
+class GpuClock:
+    """GPU event times (float64 ns since the first reference event) and their wall offset."""
+
+    def __init__(self, window: int = CLOCK_WINDOW) -> None:
+        self.ref: Any = None  # a completed event whose GPU time is known
+        self.ref_ns = 0.0
+        self._bounds: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self.offset_ns: float | None = None
+        self.uncertainty_ns = 0.0
+
+    def rebase(self, event: Any) -> float:
+        """GPU time of a completed ``event``, which becomes the reference for the next one."""
+        if self.ref is None:
+            gpu_ns = 0.0
+        else:
+            gpu_ns = self.ref_ns + self.ref.elapsed_time(event) * 1e6
+        self.ref, self.ref_ns = event, gpu_ns
+        return gpu_ns
+
+    def update(self, lower_ns: float, upper_ns: float) -> float:
+        """Take one step's bounds on (wall - gpu); return the offset estimate."""
+        self._bounds.append((lower_ns, upper_ns))
+        lower = max(b[0] for b in self._bounds)
+        upper = min(b[1] for b in self._bounds)
+        # bounds from far apart in time can cross by clock drift: the latest step wins then
+        self.offset_ns = lower if lower <= upper else lower_ns
+        self.uncertainty_ns = max(upper - lower, 0.0)
+        return self.offset_ns
+
+
+class CudaTimingSource:
+    def __init__(self) -> None:
+        self._open: tuple[Any, int] | None = None
+        self._pending: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
+        self._seen_done: dict[int, int] = {}  # step -> wall ns its events were first seen done
+        self._orphans: list[Any] = []
+        self.failures = 0
+        self.tracker: Any = None
+
+    # --- start/stop (training thread) ------------------------------------------------
+    def start(self, ctx: RunContext) -> None:
+        if not ctx.config.cuda_timing:
+            return
+        device = training_device(ctx.model)
+        if device is None:
+            return  # CPU: nothing changes
+        with torch.cuda.device(device):
+            self.pool = EventPool()
+        self.device = device
+        self.clock = GpuClock()
+        self.emitter = ctx.emitter
+        self._put = ctx.recorder.put
+        self._capturing = torch.cuda.is_current_stream_capturing
+        self.tracker = ctx.tracker
+        self.hist = ctx.meter.create_histogram(
+            semconv.METRIC_PHASE_GPU_DURATION, unit="s",
+            description="GPU time per phase of a step, per rank (CUDA events).",
+            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        ctx.emitter.on_event(RECORD, self._on_record)
+        ctx.emitter.hold_steps(self._ready, MAX_HELD)
+        ctx.emitter.before_step(self._before_step)
+        ctx.tracker.phase_hooks = (*ctx.tracker.phase_hooks, self._phase_hook)
+
+    def stop(self) -> None:
+        tracker = self.tracker
+        if tracker is not None:
+            tracker.phase_hooks = tuple(h for h in tracker.phase_hooks if h != self._phase_hook)
+
+    # --- hot path (training thread) --------------------------------------------------
+    def _phase_hook(self, begin: bool, now: int) -> None:
+        tracker = self.tracker
+        if tracker.phase not in _TIMED:
+            return
+        try:
+            if begin:
+                self._open = None
+                if self._capturing():  # inside a CUDA graph capture: no timing events
+                    return
+                event = self.pool.take()
+                if event is not None:
+                    event.record()
+                    self._open = (event, now)
+                return
+            opened, self._open = self._open, None
+            if opened is None or self._capturing():
+                return
+            end = self.pool.take()
+            if end is None:
+                return
+            end.record()
+            self._put((EVENT, RECORD, (tracker.step, tracker.phase, tracker.phase_span_id,
+                                       opened[0], end, opened[1], now)))
+        except Exception:
+            self.failures += 1
+            if self.failures >= 10:  # something is wrong with CUDA here: stop trying
+                self.stop()
+
+    # --- emitter thread --------------------------------------------------------------
+    def _on_record(self, payload: tuple[Any, ...]) -> None:
+        self._pending[payload[0]].append(payload)
+
+    def _ready(self, step: int) -> bool:
+        self._recycle_orphans()
+        if step in self._seen_done:
+            return True
+        entries = self._pending.get(step)
+        if not entries:
+            return True
+        for entry in entries:
+            if not (entry[4].query() and entry[3].query()):
+                return False
+        self._seen_done[step] = time.time_ns()
+        return True
+
+    def _before_step(self, info: Any) -> None:
+        entries = self._pending.pop(info.step, [])
+        seen = self._seen_done.pop(info.step, None)
+        for stale in [s for s in self._pending if s < info.step]:
+            self._orphans.extend(e for entry in self._pending.pop(stale) for e in entry[3:5])
+        if not entries:
+            return
+        if seen is None:  # released unresolved (too many steps held): host times only
+            self._orphans.extend(e for entry in entries for e in entry[3:5])
+            return
+        try:
+            self._resolve(info, entries, seen)
+        finally:
+            for entry in entries:
+                for event in entry[3:5]:
+                    if event is not self.clock.ref:
+                        self.pool.give(event)
+
+    def _resolve(self, info: Any, entries: list[tuple[Any, ...]], seen_wall: int) -> None:
+        wall = self.emitter.wall
+        first = entries[0][3]
+        old_ref = self.clock.ref
+        base = self.clock.rebase(first)
+        if old_ref is not None and old_ref is not first:
+            self.pool.give(old_ref)
+        times = []  # (phase, span id, gpu begin, gpu end, host begin, host end) ns
+        for _, phase, span_id, begin, end, h_begin, h_end in entries:
+            g_begin = base + first.elapsed_time(begin) * 1e6
+            g_end = base + first.elapsed_time(end) * 1e6
+            times.append((phase, span_id, g_begin, g_end, wall(h_begin), wall(h_end)))
+        lower = max(max(t[4] - t[2], t[5] - t[3]) for t in times)
+        upper = seen_wall - max(t[3] for t in times)
+        offset = self.clock.update(lower, upper)
+        totals: dict[str, float] = {}
+        ctx = self.emitter.exemplar_context(info)
+        attrs = {semconv.ATTR_RANK: self.emitter.ident.rank,
+                 semconv.ATTR_RUN_ID: self.emitter.ident.run_id}
+        for phase, span_id, g_begin, g_end, h_begin, h_end in times:
+            seconds = max(g_end - g_begin, 0.0) / 1e9
+            totals[phase] = totals.get(phase, 0.0) + seconds
+            over = info.phase_overrides.setdefault(span_id, {})
+            over["start_ns"], over["end_ns"] = int(g_begin + offset), int(g_end + offset)
+            over.setdefault("attributes", {}).update({
+                semconv.ATTR_TIMING: semconv.TIMING_GPU,
+                semconv.ATTR_HOST_DURATION: (h_end - h_begin) / 1e9})
+        for phase, seconds in totals.items():
+            info.extra_attributes[semconv.ATTR_PHASE_GPU_TOTAL_PREFIX + phase] = seconds
+            self.hist.record(seconds, {**attrs, semconv.ATTR_PHASE: phase}, context=ctx)
+        info.extra_attributes[semconv.ATTR_STEP_GPU_DURATION] = (
+            max(t[3] for t in times) - min(t[2] for t in times)) / 1e9
+        info.extra_attributes[semconv.ATTR_GPU_LAG] = max(
+            times[0][2] + offset - times[0][4], 0.0) / 1e9
+        info.extra_attributes[semconv.ATTR_GPU_CLOCK_UNCERTAINTY] = (
+            self.clock.uncertainty_ns / 1e9)
+
+    def _recycle_orphans(self) -> None:
+        if not self._orphans:
+            return
+        keep = []
+        for event in self._orphans:
+            (self.pool.give if event.query() else keep.append)(event)
+        self._orphans = keep
