@@ -9,8 +9,10 @@ import pytest
 from report_fixtures import RunSpec, write_run
 
 from otel_train import semconv as sc
+from otel_train.analysis import steps as st
 from otel_train.analysis.build import build_report
 from otel_train.analysis.otlp import decode_attributes, iter_spans, signal_files
+from otel_train.analysis.traces import UNTIMED, StepTable
 from otel_train.cli import main
 
 SPEC = RunSpec(ranks=4, steps=200, straggler_rank=2, spike_steps=(37, 120, 151))
@@ -180,3 +182,31 @@ def test_a_torn_line_continued_by_a_restarted_writer_keeps_the_whole_request(
     whole = tmp_path / "whole.jsonl"
     whole.write_text(lines[1] + "\n", encoding="utf-8")
     assert [s.span_id for s in iter_spans([path])] == [s.span_id for s in iter_spans([whole])]
+
+
+def _table(rows: list[tuple[int, int, float, dict[str, float]]]) -> StepTable:
+    table = StepTable()
+    for step, rank, duration, phases in rows:
+        table.steps.append(step)
+        table.ranks.append(rank)
+        table.durations.append(duration)
+        for phase, column in table.phases.items():
+            column.append(phases.get(phase, 0.0))
+    return table
+
+
+def test_a_rank_waiting_inside_a_phase_is_not_blamed() -> None:
+    """Rank 1 sleeps 0.2 s before forward; rank 0 waits for it inside its forward (no
+    exposed_comm recorded). Totals alone blame rank 0; the phase start times do not."""
+    normal = {sc.PHASE_DATA_WAIT: 0.01, sc.PHASE_FORWARD: 0.03, sc.PHASE_BACKWARD: 0.05}
+    rows = [(s, r, 0.09, normal) for s in range(4) for r in (0, 1)]
+    rows += [(4, 0, 0.32, {**normal, sc.PHASE_FORWARD: 0.26}),
+             (4, 1, 0.32, {**normal, UNTIMED: 0.2})]
+    table = _table(rows)
+    durations = st.step_durations(table, {})
+    starts = {0: 1_000_000_000, 1: 1_200_000_000}  # rank 1 began forward 0.2 s later
+
+    naive = st.slow_steps(table, durations, 1)[0]
+    assert (naive.rank, naive.phase) == (0, sc.PHASE_FORWARD)
+    fixed = st.slow_steps(table, durations, 1, lambda step, phase: starts)[0]
+    assert (fixed.rank, fixed.phase, fixed.phase_s) == (1, UNTIMED, 0.2)
