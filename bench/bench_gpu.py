@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import importlib
 import json
 import math
 import os
@@ -48,6 +49,8 @@ import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.analysis import otlp  # noqa: E402
 from otel_train.sources import gpu_trace, memory, mfu  # noqa: E402
+
+ALL_SOURCES = importlib.import_module("otel_train.instrument").SOURCES
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -181,7 +184,11 @@ def hta_overlap_pct(trace: Path) -> float | None:
 
 
 # --- part 1: overhead ---------------------------------------------------------------------
-ARMS = ("bare", "default", "ratio_1pct", "torch_profiler")
+ARMS = ("bare", "default", "ratio_1pct", "gpu_sources_only", "torch_profiler")
+#: the gpu_sources_only arm: steps and the GPU sources, without the other sources
+GPU_SOURCES = tuple(s for s in importlib.import_module("otel_train.instrument").SOURCES
+                    if s.split(":")[0].rsplit(".", 1)[-1] in ("cuda_timing", "memory", "mfu",
+                                                              "profiler"))
 
 
 def arm_context(arm: str, model: nn.Module, opt: torch.optim.Optimizer, root: Path,
@@ -191,6 +198,8 @@ def arm_context(arm: str, model: nn.Module, opt: torch.optim.Optimizer, root: Pa
     if arm == "torch_profiler":
         return torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                   torch.profiler.ProfilerActivity.CUDA])
+    inst_module = importlib.import_module("otel_train.instrument")
+    inst_module.SOURCES = GPU_SOURCES if arm == "gpu_sources_only" else ALL_SOURCES
     if arm == "ratio_1pct":
         os.environ["OTEL_TRACES_SAMPLER"] = "traceidratio"
         os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0.01"
@@ -232,6 +241,7 @@ def overhead(cfg: GPTConfig, rounds: int, steps: int, root: Path, flops: int) ->
             dynamo[arm][1] += after[1] - before[1]
     os.environ.pop("OTEL_TRACES_SAMPLER", None)
     os.environ.pop("OTEL_TRACES_SAMPLER_ARG", None)
+    importlib.import_module("otel_train.instrument").SOURCES = ALL_SOURCES
     bare = per_arm["bare"]
     result: dict[str, Any] = {"compile_s": compile_s, "rounds": rounds, "steps": steps,
                               "arms": {}}
@@ -453,6 +463,7 @@ def main() -> None:
                         "reduce-overhead")
     parser.add_argument("--budget-s", type=float, default=540.0,
                         help="skip tuning rows that would start after this many seconds")
+    parser.add_argument("--tag", default="gpu-h200", help="name of the result files")
     args = parser.parse_args()
     started = time.monotonic()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -474,7 +485,7 @@ def main() -> None:
     res["overhead"] = overhead(cfg, args.rounds, args.steps, root, flops)
     print(markdown(res), flush=True)
     res["tuning"] = []
-    for mode in args.tuning.split(","):
+    for mode in [m for m in args.tuning.split(",") if m and m != "none"]:
         if time.monotonic() - started > args.budget_s:
             res["tuning"].append({"config": mode, "error": "skipped: time budget"})
             continue
@@ -493,8 +504,8 @@ def main() -> None:
                 shutil.copyfileobj(src, dst)
         print(json.dumps(row, default=str)[:2000], flush=True)
     res["elapsed_s"] = time.monotonic() - started
-    (args.out_dir / "gpu-h200.json").write_text(json.dumps(res, indent=2, default=str))
-    (args.out_dir / "gpu-h200.md").write_text(markdown(res))
+    (args.out_dir / f"{args.tag}.json").write_text(json.dumps(res, indent=2, default=str))
+    (args.out_dir / f"{args.tag}.md").write_text(markdown(res))
     print(markdown(res), flush=True)
     dist.destroy_process_group()
 
