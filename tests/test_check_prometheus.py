@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, require_binary
+from report_fixtures import RunSpec, write_run
 
 from otel_train import semconv as sc
 from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS
@@ -195,6 +196,18 @@ def test_cli_live_json_and_exit_status(prometheus: str,
     failing = [c["id"] for c in json.loads(capsys.readouterr().out)["checks"]
                if c["status"] == FAIL]
     assert failing == ["cpu_throttling_measured"]
+
+
+def test_live_exemplars_naming_spans_not_in_the_files_fail(
+        prometheus: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The files of a run called "healthy" whose spans are not the ones Prometheus's
+    exemplars name (the fed endpoints made their ids up)."""
+    run_dir = write_run(RunSpec(ranks=2, steps=10, run_id="healthy", spike_steps=()), tmp_path)
+    assert main(["check", str(run_dir), "--prometheus", prometheus, "--json"]) == 1
+    row = next(c for c in json.loads(capsys.readouterr().out)["checks"]
+               if c["id"] == "exemplars")
+    assert row["status"] == FAIL and row["source"] == "prometheus+run dir"
+    assert row["evidence"].startswith("[prometheus+run dir] 0 of ")
 
 
 def test_prometheus_without_the_rule_fails_the_alert_item(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -33,7 +34,9 @@ def gather_results(args: argparse.Namespace) -> list[CheckResult]:
         from otel_train.analysis.otlp import resolve_run_dir
         from otel_train.check.rundir import check_run_dir
 
-        results += check_run_dir(resolve_run_dir(args.run, args.run_id), args.run_id)
+        run_dir = resolve_run_dir(args.run, args.run_id)
+        live = _live_exemplars(args.prometheus, args.run_id or _run_json_id(run_dir))
+        results += check_run_dir(run_dir, args.run_id, live)
     if args.prometheus:
         from otel_train.check.prometheus import check_prometheus
 
@@ -44,6 +47,25 @@ def gather_results(args: argparse.Namespace) -> list[CheckResult]:
 
             results += not_implemented(flag)
     return merge(results)
+
+
+def _run_json_id(run_dir: Path) -> str | None:
+    """The run id the embedded exporter wrote to run.json, when there is one."""
+    try:
+        return str(json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _live_exemplars(prometheus: str | None, run_id: str | None
+                    ) -> frozenset[tuple[str, str]] | None:
+    """With a run directory and Prometheus both given, the run's live exemplars: checked
+    against the files' spans, which is how exemplars resolve without a trace backend."""
+    if not prometheus or not run_id:
+        return None
+    from otel_train.check.prometheus import live_exemplar_ids
+
+    return frozenset(live_exemplar_ids(prometheus, run_id))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -109,16 +109,21 @@ class RunEvidence:
     traces: TraceEvidence
     logs: LogEvidence
     has_logs: bool
+    live_exemplars: frozenset[tuple[str, str]] = frozenset()
 
 
-def gather(run_dir: Path, run_id: str | None = None) -> RunEvidence:
+def gather(run_dir: Path, run_id: str | None = None,
+           live_exemplars: frozenset[tuple[str, str]] = frozenset()) -> RunEvidence:
+    """``live_exemplars``: (trace id, span id) of exemplars a live Prometheus holds for this
+    run, resolved against the files' spans in the same pass."""
     with paused_gc():
-        return _gather(run_dir, run_id)
+        return _gather(run_dir, run_id, live_exemplars)
 
 
-def _gather(run_dir: Path, run_id: str | None) -> RunEvidence:
+def _gather(run_dir: Path, run_id: str | None,
+            live_exemplars: frozenset[tuple[str, str]]) -> RunEvidence:
     metrics = read_metrics(run_dir, run_id)
-    targets = {(e.trace_id, e.span_id) for e in metrics.exemplars}
+    targets = {(e.trace_id, e.span_id) for e in metrics.exemplars} | live_exemplars
     target_traces = {t for t, _ in targets}
     traces = TraceEvidence()
     for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), run_id=run_id):
@@ -127,4 +132,4 @@ def _gather(run_dir: Path, run_id: str | None) -> RunEvidence:
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
     for record in iter_log_records(log_files, run_id):
         logs.add(record.trace_id, record.span_id, record.attributes, record.body)
-    return RunEvidence(run_dir, metrics, traces, logs, bool(log_files))
+    return RunEvidence(run_dir, metrics, traces, logs, bool(log_files), live_exemplars)

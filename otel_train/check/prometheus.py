@@ -70,6 +70,13 @@ def exemplars(api: PrometheusAPI, run_id: str | None) -> CheckResult:
                 "with exemplars enabled)")
 
 
+def live_exemplar_ids(base_url: str, run_id: str) -> set[tuple[str, str]]:
+    """(trace id, span id) of run ``run_id``'s step-histogram exemplars in Prometheus."""
+    series = PrometheusAPI(base_url).exemplars(f"{sc.PROM_STEP_DURATION}_bucket{_sel(run_id)}")
+    labels = [e.get("labels", {}) for s in series for e in s.get("exemplars", ())]
+    return {(lb["trace_id"], lb.get("span_id", "")) for lb in labels if lb.get("trace_id")}
+
+
 def per_rank_metrics(api: PrometheusAPI, run_id: str | None) -> CheckResult:
     count = f"{sc.PROM_STEP_DURATION}_count"
     labeled = _sel(run_id, f'{sc.PROM_RANK_LABEL}!=""')

@@ -11,11 +11,15 @@ from otel_train.check.model import NOT_APPLICABLE, CheckResult
 SOURCE = trace_checks.SOURCE
 
 
-def check_run_dir(run_dir: Path, run_id: str | None = None) -> list[CheckResult]:
+def check_run_dir(run_dir: Path, run_id: str | None = None,
+                  live_exemplars: frozenset[tuple[str, str]] | None = None) -> list[CheckResult]:
     """Every checklist item a run directory can answer; ``run_id`` picks one run out of
-    files that hold several (a collector's output)."""
-    evidence = gather(run_dir, run_id)
+    files that hold several (a collector's output); ``live_exemplars`` (from a live
+    Prometheus) are resolved against the files' spans too."""
+    evidence = gather(run_dir, run_id, live_exemplars or frozenset())
     results = [check(evidence) for check in trace_checks.CHECKS + signal_checks.CHECKS]
+    if live_exemplars is not None:
+        results.append(signal_checks.live_exemplars_resolve(evidence))
     results.append(CheckResult("throttling_alert", NOT_APPLICABLE,
                                "alert rules live in Prometheus, not in a run directory",
                                "run with --prometheus URL to check the rule is loaded", SOURCE))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from otel_train import semconv as sc
 from otel_train.check.evidence import RunEvidence
-from otel_train.check.model import NOT_APPLICABLE, CheckResult
+from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS, CheckResult
 from otel_train.check.trace_checks import SOURCE, _examples, _result, world
 
 LATENCY_HISTOGRAMS = (sc.METRIC_STEP_DURATION, sc.METRIC_PHASE_DURATION)
@@ -33,6 +33,19 @@ def exemplars(ev: RunEvidence) -> CheckResult:
                      f"trace at all): {_examples(examples)}")
     return _result("exemplars", not unresolved, evidence,
                    fix + "; exemplars must name the sampled rank_step span that was exported")
+
+
+def live_exemplars_resolve(ev: RunEvidence) -> CheckResult:
+    """Prometheus's exemplars of this run, looked up among the spans of the files."""
+    live = ev.live_exemplars
+    resolved = live & ev.traces.resolved
+    ok = bool(live) and resolved == live
+    evidence = (f"{len(resolved)} of {len(live)} Prometheus exemplars of the run name a span "
+                "in the files" if live else "Prometheus holds no exemplars of this run")
+    return CheckResult("exemplars", PASS if ok else FAIL, evidence, "" if ok else
+                       "Prometheus must scrape the run's own endpoints (or the collector) with "
+                       "exemplar storage on; exemplars must name exported sampled spans",
+                       "prometheus+run dir")
 
 
 def log_fields(ev: RunEvidence) -> CheckResult:
