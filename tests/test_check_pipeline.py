@@ -29,7 +29,7 @@ from pipeline_fixtures import (
 from otel_train import semconv as sc
 from otel_train.analysis.build import build_report
 from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS
-from otel_train.check.prometheus import check_prometheus
+from otel_train.check.prometheus import PrometheusAPI, check_prometheus
 from otel_train.check.rundir import check_run_dir
 from otel_train.cli import main
 
@@ -108,6 +108,9 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         wait_for("every rank's step histogram in Prometheus", lambda: len(prometheus.query(
             f'{sc.PROM_STEP_DURATION}_count{{{sc.PROM_RUN_LABEL}="{run_id}"}}')) >= RANKS, 120,
                  on_timeout=prometheus.log_tail)
+        wait_for("the run's exemplars in Prometheus", lambda: PrometheusAPI(
+            prometheus.url).exemplars(f'{sc.PROM_STEP_DURATION}_bucket'
+                                      f'{{{sc.PROM_RUN_LABEL}="{run_id}"}}'), 120)
         yield Pipeline(collector, prometheus, run_id)
     finally:
         prometheus.kill()
