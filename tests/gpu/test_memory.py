@@ -43,12 +43,14 @@ def test_peak_and_reserved_match_torch_cuda(tmp_path):
 def test_per_step_peaks_when_asked(tmp_path):
     model, opt, data = gpu_training.setup()
     gpu_training.train(model, opt, data, 1)
+    torch.cuda.reset_peak_memory_stats()
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path,
                                console_log_level="warning", memory_peak_per_step=True):
-        gpu_training.train(model, opt, data, 1)
-        big = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")  # step 1's high water
+        gpu_training.train(model, opt, data, 2)
+        # step 1 ends at step 2's first phase: this is step 1's high-water mark
+        big = torch.empty(4 << 30, dtype=torch.uint8, device="cuda")
         del big
-        gpu_training.train(model, opt, data, 3)
+        gpu_training.train(model, opt, data, 2)
     run_dir = otlp_files.only_run_dir(tmp_path)
     peaks = [s["attrs"][semconv.ATTR_MEMORY_ALLOCATED_PEAK] for s in otlp_files.spans(run_dir)
              if s["name"] == semconv.SPAN_RANK_STEP]
