@@ -58,6 +58,8 @@ ATTR_STATUS = "training.status"
 #: on train.rank_step: the per-phase totals of that rank's step, in seconds
 ATTR_PHASE_TOTAL_PREFIX = "training.phase_total."
 ATTR_STEP_DURATION = "training.step.duration_s"
+#: on train.rank_step: seconds this rank's cgroup was CPU-throttled during the step
+ATTR_CPU_THROTTLED = "training.cpu.throttled_s"
 
 ATTR_COLLECTIVE_OP = "collective.op"
 ATTR_COLLECTIVE_BACKEND = "collective.backend"

@@ -328,3 +328,23 @@ def test_an_optimizer_step_that_raises_does_not_derail_later_steps(tmp_path):
     assert sum(s["name"] == semconv.SPAN_FORWARD for s in spans) == 4
     assert sum(s["name"] == semconv.SPAN_BACKWARD for s in spans) == 4
     assert sum(s["name"] == semconv.SPAN_OPTIMIZER for s in spans) == 4
+
+
+def test_a_ratio_sampler_never_loses_the_run_span(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.0")
+    _, _, run_dir = _run(tmp_path, batches=3)
+    names = Counter(s["name"] for s in otlp_files.spans(run_dir))
+    assert names == {semconv.SPAN_RUN: 1, semconv.SPAN_SETUP: 1}
+
+
+def test_cpu_throttling_is_measured_per_step_from_the_cgroup(tmp_path):
+    from otel_train.sources import cgroup
+
+    if cgroup.cpu_stat_path() is None:
+        pytest.skip("no cgroup cpu.stat on this machine")  # CI machines have one
+    _, _, run_dir = _run(tmp_path, batches=3)
+    points = otlp_files.metric_points(run_dir, semconv.METRIC_CPU_THROTTLED_TIME)
+    assert points and points[-1]["attrs"][semconv.ATTR_RANK] == 0
+    rank_steps = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
+    assert all(semconv.ATTR_CPU_THROTTLED in s["attrs"] for s in rank_steps)

@@ -35,6 +35,13 @@ class PrometheusEndpoint:
         self.dropped = Counter("otel_train_telemetry_dropped",
                                "Telemetry otel-train had to drop, by signal.",
                                (*_LABELS, semconv.ATTR_SIGNAL), registry=reg)
+        self.cpu_throttled = Counter("training_cpu_throttled_time_seconds",
+                                     "Time this rank's cgroup was CPU-throttled.", _LABELS,
+                                     registry=reg)
+        self.cpu_throttled.labels(**self._labels)
+        for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
+            # a zero from the start, so increase() sees the first drop
+            self.dropped.labels(**self._labels, signal=signal)
         self._server, self._thread = start_http_server(port, addr=addr, registry=reg)
 
     def observe_step(self, duration_s: float, phases: dict[str, float], samples: int,
@@ -49,6 +56,9 @@ class PrometheusEndpoint:
 
     def add_dropped(self, signal: str, count: int) -> None:
         self.dropped.labels(**self._labels, signal=signal).inc(count)
+
+    def add_cpu_throttled(self, seconds: float) -> None:
+        self.cpu_throttled.labels(**self._labels).inc(seconds)
 
     def close(self) -> None:
         server: Any = self._server

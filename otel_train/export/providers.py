@@ -33,6 +33,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 
 from otel_train import config as config_mod
 from otel_train import semconv
@@ -290,8 +291,13 @@ class Pipeline:
         self.resource = build_resource(cfg, ident)
         exporters = self._exporters(cfg, ident, run_dir)
         # shutdown_on_exit=False: instrument() shuts them down itself, within its bound
+        # The emitter makes the step sampling decision itself (the configured sampler on the
+        # step's trace id) and builds spans of sampled steps only; children follow their
+        # step's flag. Roots and remote-parented spans are always kept: a ratio sampler must
+        # never lose a rank's train.run span.
         self.tracer_provider = TracerProvider(
-            resource=self.resource, sampler=cfg.sampler(), id_generator=self.ids,
+            resource=self.resource, id_generator=self.ids,
+            sampler=ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
             shutdown_on_exit=False,
         )
         self.readers: list[PeriodicExportingMetricReader] = []
