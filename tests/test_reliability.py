@@ -248,3 +248,17 @@ def test_any_launcher_run_id_becomes_a_safe_path_token(value):
     token = identity.sanitize_run_id(value)
     assert 0 < len(token) <= 128 and token not in (".", "..")
     assert all(c.isalnum() or c in "-_." for c in token) and "/" not in token
+
+
+def test_a_bug_in_step_tracking_never_reaches_the_training_loop(tmp_path):
+    # A fault we cannot cause for real: a source's training-thread hook that raises
+    # (standing in for a bug in otel-train). The loop must not see it.
+    def broken_hook(begin: bool, now: int) -> None:
+        raise ZeroDivisionError("bug in a phase hook")
+
+    model, opt, loader = training.setup(batches=4)
+    with pytest.warns(RuntimeWarning, match="step tracking failed"):
+        with otel_train.instrument(model, output_dir=tmp_path) as inst:
+            inst.tracker.phase_hooks = (broken_hook,)
+            assert training.train(model, opt, loader) == 4
+    assert not inst.tracker.enabled

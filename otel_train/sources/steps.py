@@ -22,6 +22,7 @@ import os
 import random
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -92,6 +93,25 @@ class StepTracker:
 
     # --- phases ----------------------------------------------------------------------
     def begin(self, phase: str) -> None:
+        try:
+            self._begin(phase)
+        except Exception as err:
+            self._fail(err)
+
+    def end(self, phase: str) -> None:
+        try:
+            self._end(phase)
+        except Exception as err:
+            self._fail(err)
+
+    def _fail(self, err: Exception) -> None:
+        # A bug in otel-train's own bookkeeping must never reach the training loop: stop
+        # recording for the rest of the run and say so once.
+        self.enabled = False
+        warnings.warn(f"otel-train: step tracking failed ({err!r}); recording stops for this "
+                      "run, training continues", RuntimeWarning, stacklevel=3)
+
+    def _begin(self, phase: str) -> None:
         if self.phase is not None:
             if phase != DATA_WAIT:
                 self._depth += 1  # nested: an optimizer's closure running forward/backward
@@ -99,7 +119,7 @@ class StepTracker:
             # Fetching the next batch means the open phase ended without its end hook
             # (an optimizer step that raised, say): close it here rather than lose the rest.
             self._depth = 0
-            self.end(self.phase)
+            self._end(self.phase)
         now = _now()
         if self.pending_end_ns is not None and phase != OPTIMIZER:
             self._finish_step()
@@ -119,7 +139,7 @@ class StepTracker:
             for hook in self.phase_hooks:
                 hook(True, now)
 
-    def end(self, phase: str) -> None:
+    def _end(self, phase: str) -> None:
         if self._depth:
             self._depth -= 1
             return
@@ -137,7 +157,10 @@ class StepTracker:
 
     def count_batch(self, batch: Any) -> None:
         if self.fixed_samples is None or self.fixed_tokens is None:
-            samples, tokens = batch_size(batch)
+            try:
+                samples, tokens = batch_size(batch)
+            except Exception:  # an exotic batch type: count nothing rather than fail
+                return
             self.samples += samples
             self.tokens += tokens
 
