@@ -38,7 +38,6 @@ class PrometheusEndpoint:
         self.cpu_throttled = Counter("training_cpu_throttled_time_seconds",
                                      "Time this rank's cgroup was CPU-throttled.", _LABELS,
                                      registry=reg)
-        self.cpu_throttled.labels(**self._labels)
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero from the start, so increase() sees the first drop
             self.dropped.labels(**self._labels, signal=signal)

@@ -59,7 +59,9 @@ class CgroupSource:
         self.counter = ctx.meter.create_counter(
             semconv.METRIC_CPU_THROTTLED_TIME, unit="s",
             description="Time this rank's cgroup was CPU-throttled (CFS quota), from cpu.stat.")
-        self.counter.add(0.0, self.attrs)
+        self.counter.add(0.0, self.attrs)  # measured, and zero so far: a fact, not a gap
+        if ctx.emitter.prometheus is not None:
+            ctx.emitter.prometheus.add_cpu_throttled(0.0)
         self.last = throttled_seconds(self.path)
         ctx.emitter.before_step(self._on_step)
 
