@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (HTTP API)")
     parser.add_argument("--run-id", help="only this run (files holding several runs, such as "
                         "a collector's output, and live series)")
-    parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL")
+    parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL (HTTP API, "
+                        "e.g. http://127.0.0.1:16686); needs the run id")
     parser.add_argument("--tempo", metavar="URL", help="Tempo base URL")
     parser.add_argument("--loki", metavar="URL", help="Loki base URL")
     parser.add_argument("--json", action="store_true", help="print JSON only")
@@ -30,18 +31,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def gather_results(args: argparse.Namespace) -> list[CheckResult]:
     results: list[CheckResult] = []
+    run_id = args.run_id
+    live: frozenset[tuple[str, str]] | None = None
     if args.run is not None:
         from otel_train.analysis.otlp import resolve_run_dir
         from otel_train.check.rundir import check_run_dir
 
         run_dir = resolve_run_dir(args.run, args.run_id)
-        live = _live_exemplars(args.prometheus, args.run_id or _run_json_id(run_dir))
+        run_id = run_id or _run_json_id(run_dir)
+        live = _live_exemplars(args.prometheus, run_id)
         results += check_run_dir(run_dir, args.run_id, live)
     if args.prometheus:
         from otel_train.check.prometheus import check_prometheus
 
         results += check_prometheus(args.prometheus, args.run_id)
-    for flag in ("jaeger", "tempo", "loki"):
+    if args.jaeger:
+        from otel_train.check.jaeger import check_jaeger
+
+        if not run_id:
+            raise OSError("--jaeger needs --run-id (or a run directory whose run.json names "
+                          "the run)")
+        if live is None:
+            live = _live_exemplars(args.prometheus, run_id)
+        results += check_jaeger(args.jaeger, run_id, live)
+    for flag in ("tempo", "loki"):
         if getattr(args, flag):
             from otel_train.check.live_stub import not_implemented
 

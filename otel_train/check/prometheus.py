@@ -60,8 +60,8 @@ def exemplars(api: PrometheusAPI, run_id: str | None) -> CheckResult:
     found = [e for s in series for e in s.get("exemplars", ())]
     with_ids = [e for e in found if e.get("labels", {}).get("trace_id")]
     evidence = (f"{len(with_ids)} exemplars with a trace_id on {sc.PROM_STEP_DURATION} in "
-                "the last 6 h; resolving them needs a trace backend (live Tempo/Jaeger "
-                "lookups are not implemented: check a run directory for resolution)")
+                "the last 6 h; resolving them needs the traces (give --jaeger URL or a run "
+                "directory, with the run id)")
     if not with_ids:
         evidence = f"no exemplars with a trace_id on {sc.PROM_STEP_DURATION} in the last 6 h"
     return _row("exemplars", bool(with_ids), evidence,
@@ -148,9 +148,9 @@ def check_prometheus(base_url: str, run_id: str | None = None) -> list[CheckResu
     api = PrometheusAPI(base_url)
     results = [check(api, run_id) for check in CHECKS]
     results += [CheckResult(item, NOT_APPLICABLE, "traces are not in Prometheus",
-                            "give a run directory (live Tempo/Jaeger checks are not "
-                            "implemented yet)", SOURCE) for item in TRACE_ITEMS]
+                            "give --jaeger URL or a run directory (live Tempo "
+                            "checks are not implemented)", SOURCE) for item in TRACE_ITEMS]
     results.append(CheckResult("log_fields", NOT_APPLICABLE, "logs are not in Prometheus",
-                               "give a run directory (live Loki checks are not implemented "
-                               "yet)", SOURCE))
+                               "give a run directory (live Loki checks are not "
+                               "implemented)", SOURCE))
     return results
