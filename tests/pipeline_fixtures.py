@@ -289,8 +289,9 @@ class Prometheus:
         text = text.replace("scrape_timeout: 10s", f"scrape_timeout: {self.scrape_interval}")
         text = text.replace("evaluation_interval: 30s",
                             f"evaluation_interval: {self.evaluation_interval}")
-        for job, targets in self.targets.items():
-            text = replace_job_targets(text, job, targets)
+        targets = {"prometheus": [f"127.0.0.1:{self.port}"], **self.targets}  # self-scrape
+        for job, job_targets in targets.items():
+            text = replace_job_targets(text, job, job_targets)
         conf_dir = self.workdir / "prometheus"
         conf_dir.mkdir(parents=True, exist_ok=True)
         shutil.copy(PROMETHEUS_DIR / "rules.yml", conf_dir / "rules.yml")

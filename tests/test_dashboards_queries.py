@@ -29,7 +29,14 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO_ROOT, require_binary
-from pipeline_fixtures import PROMETHEUS_DIR, Prometheus, free_port, promtool_binary, wait_for
+from pipeline_fixtures import (
+    PROMETHEUS_DIR,
+    Prometheus,
+    free_port,
+    promtool_binary,
+    replace_job_targets,
+    wait_for,
+)
 
 DASHBOARDS_DIR = REPO_ROOT / "dashboards"
 sys.path.insert(0, str(DASHBOARDS_DIR))
@@ -379,16 +386,15 @@ def write_test_series(end: float) -> str:
 
 
 class DashboardPrometheus(Prometheus):
-    """The repo's prometheus.yml and rules.yml, plus a self-scrape (rule and exemplar metrics)."""
+    """The repo's prometheus.yml and rules.yml; its self-scrape job (rule and exemplar
+    metrics) pointed at this instance's port."""
 
     def write_config(self) -> Path:
         path = super().write_config()
-        path.write_text(
-            path.read_text()
-            + f'\n  - job_name: prometheus\n    static_configs:\n      - targets: ["127.0.0.1:{self.port}"]\n'
-        )
         jobs = [job["job_name"] for job in yaml.safe_load(path.read_text())["scrape_configs"]]
         assert "prometheus" in jobs, jobs
+        path.write_text(replace_job_targets(path.read_text(), "prometheus",
+                                            [f"127.0.0.1:{self.port}"]))
         return path
 
 
