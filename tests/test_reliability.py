@@ -262,3 +262,22 @@ def test_a_bug_in_step_tracking_never_reaches_the_training_loop(tmp_path):
             inst.tracker.phase_hooks = (broken_hook,)
             assert training.train(model, opt, loader) == 4
     assert not inst.tracker.enabled
+
+
+def test_a_rank_killed_with_sigkill_leaves_the_others_telemetry_exported(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "sigkill_train.py"),
+                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert "rank 0 exit code 0" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert "rank 0 exported" in out.stdout
+    spans = otlp_files.spans(tmp_path / "sigkill")
+    rank0_steps = {s["attrs"][semconv.ATTR_STEP] for s in spans
+                   if s["name"] == semconv.SPAN_RANK_STEP and s["attrs"][semconv.ATTR_RANK] == 0}
+    assert set(range(5)) <= rank0_steps, "rank 0's steps before the kill are exported"
+    run = next(s for s in spans if s["name"] == semconv.SPAN_RUN
+               and s["attrs"][semconv.ATTR_RANK] == 0)
+    records = otlp_files.logs(tmp_path / "sigkill")
+    stalled = [r for r in records if "stall" in r["body"]["stringValue"]]
+    # gloo notices a dead peer (the survivor's collective raises) or the collective hangs
+    # and the stall detection reports it: either way rank 0 says what happened
+    assert run["attrs"][semconv.ATTR_STATUS] == "error" or stalled
