@@ -136,6 +136,7 @@ class Ledger:
         self.stall = StallWatch(ctx.config.stall_timeout_s, ctx.log, self.run_id)
         recorder = FlightRecorder(ctx.identity.world_size)
         self.flight_recorder = recorder if recorder.available() else None
+        self._harvested_at = 0  # perf ns of the last flight-recorder read
         meter = ctx.meter
         self.duration = meter.create_histogram(
             semconv.METRIC_COLLECTIVE_DURATION, unit="s",
@@ -184,6 +185,7 @@ class Ledger:
             if coll is not None:
                 coll.work = payload[2]
         elif kind == FLUSH:
+            self._harvested_at = 0  # the last read is never skipped
             self.tick()
             self._flush(payload[1])
 
@@ -204,12 +206,13 @@ class Ledger:
                 del self.pending[coll.key]
                 coll.done = now
                 self._finish(coll)
-        if self.flight_recorder is not None:
-            self._harvest()
+        if self.flight_recorder is not None and now - self._harvested_at > 100_000_000:
+            self._harvest()  # a whole-buffer read: not again if a step just did one
         self.stall.check(list(self.pending.values()), now)
 
     def _harvest(self) -> None:
         assert self.flight_recorder is not None
+        self._harvested_at = time.perf_counter_ns()
         for entry in self.flight_recorder.poll():
             key = -1 - int(entry["record_id"])
             coll = self.pending.get(key)
@@ -240,6 +243,8 @@ class Ledger:
     # --- steps -----------------------------------------------------------------------
     def before_step(self, info: Any) -> None:
         lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
+        if self.flight_recorder is not None and self._harvested_at < hi:
+            self._harvest()  # NCCL entries of this step not read yet: read them before it goes
         mine = [c for c in self.finished if c.issue < hi]
         self.finished = [c for c in self.finished if c.issue >= hi]
         late = [c for c in self.pending.values() if c.owner is None and c.issue < hi]

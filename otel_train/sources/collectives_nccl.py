@@ -7,15 +7,22 @@ so Python-side timings of NCCL collectives are CPU times; the flight recorder's 
 Both variables (and ``TORCH_NCCL_TRACE_BUFFER_SIZE``) are read when the process group is
 created: see docs/collectives.md for which ones ``instrument()`` can still set.
 
-Only ``torch._C._distributed_c10d._dump_nccl_trace_json`` holds NCCL entries (the generic
-``_dump_fr_trace*`` does not). Each poll reads the whole buffer (bounded by its size) and
-keeps what it has not finalized yet, by ``record_id``.
+Only ``torch._C._distributed_c10d._dump_nccl_trace_json`` (or its pickle twin
+``_dump_nccl_trace``) holds NCCL entries (the generic ``_dump_fr_trace*`` does not). Each poll
+reads the whole buffer (bounded by its size) and keeps what it has not finalized yet, by
+``record_id``. Entries recorded before instrumentation began belong to no step and are skipped.
+
+The dump's shape is torch's, not ours: a poll that cannot read it, or an entry of an unknown
+shape, is counted and skipped (``errors``, ``skipped``, ``last_error``), never raised; the
+first entry's keys are kept in ``seen_keys`` for diagnosis.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
+import time
 from typing import Any
 
 import torch.distributed as dist
@@ -36,12 +43,42 @@ _OP_WORDS = (  # first match wins: profiling_name "nccl:<name>" -> collective.op
     ("send", "send"), ("recv", "recv"), ("gather", "gather"), ("scatter", "scatter"),
 )
 _TERMINAL = ("completed",)
+#: other spellings of dtypes seen in dumps ("torch.float32", "float32") -> c10 names
+_DTYPE_ALIASES = {
+    "float32": "Float", "float": "Float", "float64": "Double", "double": "Double",
+    "float16": "Half", "half": "Half", "bfloat16": "BFloat16", "int64": "Long",
+    "long": "Long", "int32": "Int", "int": "Int", "int16": "Short", "int8": "Char",
+    "uint8": "Byte", "bool": "Bool",
+}
 
 
 def _dump() -> Any:
-    from torch._C import _distributed_c10d as c10d
+    """A function returning the flight recorder as a dict: JSON dump, else the pickle one."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+    except ImportError:
+        return None
+    as_json = getattr(c10d, "_dump_nccl_trace_json", None)
+    if as_json is not None:
+        def read_json() -> Any:
+            raw = as_json(includeCollectives=True, onlyActive=False)
+            return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        return read_json
+    as_pickle = getattr(c10d, "_dump_nccl_trace", None)
+    if as_pickle is not None:
+        def read_pickle() -> Any:
+            return pickle.loads(as_pickle(includeCollectives=True, includeStackTraces=False,
+                                          onlyActive=False))
+        return read_pickle
+    return None
 
-    return getattr(c10d, "_dump_nccl_trace_json", None)
+
+def dtype_bytes(dtype: Any) -> int:
+    name = str(dtype)
+    if name in _DTYPE_BYTES:
+        return _DTYPE_BYTES[name]
+    name = name.removeprefix("torch.")
+    return _DTYPE_BYTES.get(_DTYPE_ALIASES.get(name.lower(), name), 0)
 
 
 def nccl_groups() -> list[Any]:
@@ -80,13 +117,14 @@ def _bytes(sizes: list[list[int]], dtypes: list[str]) -> int:
         numel = 1
         for d in shape:
             numel *= int(d)
-        total += numel * _DTYPE_BYTES.get(dtype, 0)
+        total += numel * dtype_bytes(dtype)
     return total
 
 
 def _group_sizes(doc: dict[str, Any]) -> dict[str, int]:
     out = {}
-    for name, cfg in (doc.get("pg_config") or {}).items():
+    config = doc.get("pg_config")
+    for name, cfg in (config.items() if isinstance(config, dict) else ()):
         ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
         if isinstance(ranks, str):
             ranks = [r for r in ranks.strip("[]").split(",") if r.strip()]
@@ -95,45 +133,106 @@ def _group_sizes(doc: dict[str, Any]) -> dict[str, int]:
     return out
 
 
+def _int(value: Any) -> int:
+    """An int from the dump's numbers, strings or nulls (0 for none)."""
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _group_name(entry: dict[str, Any]) -> str:
+    group = entry.get("process_group")
+    if isinstance(group, (list, tuple)) and group:
+        return str(group[0])
+    if group is not None:
+        return str(group)
+    return str(entry.get("pg_id", ""))
+
+
 class FlightRecorder:
     """Incremental reader of the NCCL flight recorder: entries it has not finalized yet."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, since_ns: int | None = None) -> None:
         self.world_size = world_size
+        self.since_ns = time.time_ns() if since_ns is None else since_ns
         self._finalized: set[int] = set()
         self._dump = _dump()
+        self.errors = 0
+        self.skipped = 0
+        self.last_error = ""
+        self.seen_keys: list[str] = []
 
     def available(self) -> bool:
         return self._dump is not None and buffer_size() > 0 and bool(nccl_groups())
 
     def poll(self) -> list[dict[str, Any]]:
-        """New or unfinished entries, each with ``op``, ``nbytes``, ``group_size`` added."""
+        """New or unfinished entries, each with ``op``, ``nbytes``, ``group_size``, ``group``
+        and ``terminal`` added; [] when the dump cannot be read."""
         if self._dump is None:
             return []
-        raw = self._dump(includeCollectives=True, onlyActive=False)
-        doc = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-        entries = doc.get("entries") or []
-        sizes = _group_sizes(doc)
+        try:
+            doc = self._dump()
+            entries = doc.get("entries") or []
+            sizes = _group_sizes(doc)
+        except Exception as err:  # torch's format, not ours: never let it stop the emitter
+            self.errors += 1
+            self.last_error = repr(err)[:300]
+            return []
         out = []
         lowest = None
         for entry in entries:
-            rid = int(entry.get("record_id", -1))
-            lowest = rid if lowest is None else min(lowest, rid)
-            if rid in self._finalized:
+            try:
+                item = self._entry(entry, sizes)
+            except Exception as err:
+                self.skipped += 1
+                self.last_error = repr(err)[:300]
                 continue
-            group = entry.get("process_group") or ["", ""]
-            op = op_of(str(entry.get("profiling_name", "")))
-            use_out = op == "all_gather" or op == "recv"
-            entry["op"] = op
-            entry["group"] = str(group[0])
-            entry["group_size"] = sizes.get(str(group[0]), self.world_size)
-            entry["nbytes"] = _bytes(
-                entry.get("output_sizes" if use_out else "input_sizes") or [],
-                entry.get("output_dtypes" if use_out else "input_dtypes") or [])
-            entry["terminal"] = entry.get("state") in _TERMINAL
-            if entry["terminal"]:
-                self._finalized.add(rid)
-            out.append(entry)
+            if item is None:
+                continue
+            rid = item["record_id"]
+            lowest = rid if lowest is None else min(lowest, rid)
+            if not isinstance(item, _Final):
+                out.append(item)
         if lowest is not None:  # forget what the ring buffer has overwritten
             self._finalized = {r for r in self._finalized if r >= lowest}
         return out
+
+    def _entry(self, entry: Any, sizes: dict[str, int]) -> Any:
+        if not isinstance(entry, dict) or "record_id" not in entry:
+            self.skipped += 1
+            return None
+        if not self.seen_keys:
+            self.seen_keys = sorted(str(k) for k in entry)
+        rid = int(entry["record_id"])
+        entry["record_id"] = rid
+        if rid in self._finalized:
+            return _Final(rid)
+        # "completed" comes from the dump's own event query; the GPU duration only once the
+        # watchdog retired the entry: wait for that, or the duration is lost
+        terminal = entry.get("state") in _TERMINAL and (
+            entry.get("duration_ms") is not None or bool(entry.get("retired", True)))
+        if terminal and _int(entry.get("time_created_ns")) < self.since_ns:
+            self._finalized.add(rid)  # before instrumentation: no step of ours owns it
+            return _Final(rid)
+        op = op_of(str(entry.get("profiling_name", "")))
+        use_out = op == "all_gather" or op == "recv"
+        group = _group_name(entry)
+        entry["op"] = op
+        entry["group"] = group
+        entry["group_size"] = sizes.get(group, self.world_size)
+        entry["nbytes"] = _bytes(
+            entry.get("output_sizes" if use_out else "input_sizes") or [],
+            entry.get("output_dtypes" if use_out else "input_dtypes") or [])
+        entry["terminal"] = terminal
+        if terminal:
+            self._finalized.add(rid)
+        return entry
+
+
+class _Final(dict):
+    """An entry already finalized: counts for the ring buffer's low mark, emits nothing."""
+
+    def __init__(self, rid: int) -> None:
+        super().__init__(record_id=rid)
+

@@ -22,6 +22,15 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 REPO = Path(__file__).resolve().parents[2]
 
 
+def _all_retired() -> bool:
+    import json
+
+    from torch._C import _distributed_c10d as c10d
+
+    doc = json.loads(c10d._dump_nccl_trace_json(includeCollectives=True, onlyActive=False))
+    return all(e.get("retired") for e in doc.get("entries") or [])
+
+
 def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_path,
                                                                           monkeypatch):
     import sys
@@ -50,7 +59,10 @@ def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_p
                 opt.zero_grad()
                 extra = torch.ones(1 << 20, device="cuda")
                 dist.all_reduce(extra)
+            torch.cuda.synchronize()  # the test's own wait, outside any instrumented step
             deadline = time.monotonic() + 10
+            while not _all_retired() and time.monotonic() < deadline:
+                time.sleep(0.05)  # the watchdog computes GPU durations when it retires
             source = next(s for s in inst._sources if type(s).__name__ == "CollectiveSource")
             assert "nccl_flight_recorder" in source.mechanisms
             while source.ledger.pending and time.monotonic() < deadline:

@@ -1,0 +1,330 @@
+"""Multi-GPU proof: a compiled FSDP2 GPT on every GPU of one host, instrumented by otel-train.
+
+Launch (one process per GPU; the flight recorder's variables must exist before the process
+group does, so the launcher sets them):
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \\
+    TORCH_NCCL_TRACE_BUFFER_SIZE=20000 TORCH_NCCL_ENABLE_TIMING=1 OTEL_TRAIN_STALL_TIMEOUT_S=5 \\
+    torchrun --standalone --nproc-per-node 2 bench/multigpu/run.py --out DIR
+
+Modes, run in this order in one process (the model compiles once), each into ``DIR/<mode>/``:
+
+- ``normal``: N instrumented steps; also dumps the raw NCCL flight recorder (JSON and pickle)
+  to ``DIR/fr-dump-rank<r>.json`` so the fields of the installed torch are on record.
+- ``straggler``: rank ``--slow-rank`` sleeps ``--sleep-s`` before every other step.
+- ``profile``: an otel-train profiler window; its trace is analysed by otel-train and by
+  HolisticTraceAnalysis (when installed) for the overlap comparison.
+- ``overhead``: bare and instrumented blocks, interleaved round by round, synchronised
+  at both ends of a block (the one-GPU benchmark's method, at world size N).
+- ``hang``: rank ``--slow-rank`` stops calling collectives for ``--hang-s`` (more than the
+  stall timeout, less than the process group's ``--pg-timeout-s``); every rank synchronises at
+  the end of each step, so the others wait inside NCCL. Stall detection must report it first.
+
+``--dry-run``: CPU and gloo, a tiny model, no compile: checks the script end to end.
+Each rank writes ``DIR/result-rank<r>.json``; ``bench/multigpu/check.py`` reads it all back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import pickle
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO), str(REPO / "bench")]
+import otel_train  # noqa: E402
+from bench_gpu import GPT, GPTConfig, hta_overlap_pct, run_dir_of  # noqa: E402
+from otel_train import semconv  # noqa: E402
+from otel_train.analysis import otlp  # noqa: E402
+from otel_train.sources import gpu_trace  # noqa: E402
+
+MODES = ("normal", "straggler", "profile", "overhead", "hang")
+
+
+def build(cfg: GPTConfig, device: torch.device, compiled: bool) -> tuple[nn.Module, Any]:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    torch.manual_seed(0)
+    model = GPT(cfg).to(device)
+    if compiled:
+        for i, block in enumerate(model.blocks):
+            model.blocks[i] = torch.compile(block, fullgraph=True)
+    mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+          if device.type == "cuda" else MixedPrecisionPolicy())
+    for block in model.blocks:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=True)
+    return model, opt
+
+
+def batches(cfg: GPTConfig, device: torch.device, rank: int, n: int = 4) -> list[Any]:
+    g = torch.Generator(device=device).manual_seed(rank)
+    out = []
+    for _ in range(n):
+        tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), device=device,
+                               generator=g)
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out
+
+
+class Trainer:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.rank = dist.get_rank()
+        self.world = dist.get_world_size()
+        self.cuda = not args.dry_run
+        self.device = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+                       if self.cuda else torch.device("cpu"))
+        self.cfg = (GPTConfig(vocab=512, dim=64, layers=2, heads=4, seq=32, batch=2)
+                    if args.dry_run else
+                    GPTConfig(dim=args.dim, layers=args.layers, seq=args.seq, batch=args.batch))
+        self.model, self.opt = build(self.cfg, self.device, compiled=self.cuda)
+        self.data = batches(self.cfg, self.device, self.rank)
+        self.out = Path(args.out)
+        self.result: dict[str, Any] = {"rank": self.rank, "world_size": self.world,
+                                       "config": vars(self.cfg), "modes": {}}
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def step(self, i: int) -> None:
+        tokens, targets = self.data[i % len(self.data)]
+        self.model(tokens, targets).backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def instrument(self, mode: str, **settings: Any) -> Any:
+        return otel_train.instrument(self.model, optimizer=self.opt,
+                                     output_dir=self.out / mode, console_log_level="warning",
+                                     tokens_per_step=self.cfg.batch * self.cfg.seq,
+                                     shutdown_timeout_s=300, **settings)
+
+    def block(self, first: int, steps: int, before: Any = None) -> float:
+        """Seconds per step over ``steps`` steps, synchronised (and barriered) at both ends."""
+        self.sync()
+        dist.barrier()
+        t0 = time.perf_counter()
+        for i in range(first, first + steps):
+            if before is not None:
+                before(i)
+            self.step(i)
+        self.sync()
+        return (time.perf_counter() - t0) / steps
+
+    # --- modes ------------------------------------------------------------------------
+    def normal(self) -> dict[str, Any]:
+        with self.instrument("normal") as inst:
+            per_step = self.block(0, self.args.steps)
+            diag = flight_recorder_diagnostics(inst)
+        self.dump_flight_recorder()
+        return {"step_s": per_step, "run_dir": str(run_dir_of(self.out / "normal")),
+                "flight_recorder": diag}
+
+    def straggler(self) -> dict[str, Any]:
+        slept: list[int] = []
+
+        def maybe_sleep(i: int) -> None:
+            if self.rank == self.args.slow_rank and i % 2 == 1:
+                slept.append(i)
+                time.sleep(self.args.sleep_s)
+
+        with self.instrument("straggler"):
+            per_step = self.block(0, self.args.straggler_steps, maybe_sleep)
+        return {"step_s": per_step, "slept_steps": slept, "slow_rank": self.args.slow_rank,
+                "sleep_s": self.args.sleep_s,
+                "run_dir": str(run_dir_of(self.out / "straggler"))}
+
+    def profile(self) -> dict[str, Any]:
+        with self.instrument("profile", profile_every=4, profile_steps=2):
+            self.block(0, 8)
+        run_dir = run_dir_of(self.out / "profile")
+        res: dict[str, Any] = {"run_dir": str(run_dir)}
+        windows = list(otlp.iter_spans(sorted(run_dir.glob(semconv.TRACES_GLOB)),
+                                       frozenset({semconv.SPAN_PROFILE})))
+        if not windows:
+            return res
+        attrs = windows[0].attributes
+        trace = Path(attrs[semconv.ATTR_PROFILE_TRACE])
+        ours = gpu_trace.analyse(gpu_trace.load_events(trace), steps=2)
+        res.update({"trace": str(trace), "otel_overlap_attr": attrs.get(semconv.ATTR_COMM_OVERLAP),
+                    "otel_overlap_unrounded": ours.get("overlap_unrounded"),
+                    "otel_overlap": ours.get("overlap"), "comm_kernels": ours.get("comm_kernels"),
+                    "exposed_comm_s_per_step": ours.get("exposed_comm_per_step_s"),
+                    "top_kernels": ours.get("top_kernels", [])[:5]})
+        try:
+            res["hta_overlap_pct"] = hta_overlap_pct(trace)
+        except Exception as err:  # HTA is a cross-check; its absence is recorded, not fatal
+            res["hta_error"] = repr(err)[:500]
+        return res
+
+    def overhead(self) -> dict[str, Any]:
+        arms: dict[str, list[float]] = {"bare": [], "default": []}
+        dynamo: dict[str, list[int]] = {"bare": [0, 0], "default": [0, 0]}
+        for arm in arms:  # warm-up block per arm
+            with (self.instrument("overhead-warmup") if arm == "default"
+                  else contextlib.nullcontext()):
+                self.block(0, 2)
+        for r in range(self.args.rounds):
+            order = ("bare", "default") if r % 2 == 0 else ("default", "bare")
+            for arm in order:
+                before = dynamo_state()
+                with (self.instrument("overhead") if arm == "default"
+                      else contextlib.nullcontext()):
+                    self.block(0, 2)
+                    arms[arm].append(self.block(2, self.args.overhead_steps))
+                after = dynamo_state()
+                dynamo[arm][0] += after[0] - before[0]
+                dynamo[arm][1] += after[1] - before[1]
+        ratios = [d / b for d, b in zip(arms["default"], arms["bare"], strict=True)]
+        return {"rounds": self.args.rounds, "steps": self.args.overhead_steps, "arms": arms,
+                "ratios": ratios, "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios), "ratio_max": max(ratios),
+                "median_step_s": {a: statistics.median(v) for a, v in arms.items()},
+                "dynamo_delta": dynamo}
+
+    def hang(self) -> dict[str, Any]:
+        marks: dict[str, float] = {}
+
+        def maybe_hang(i: int) -> None:
+            if i == 3 and self.rank == self.args.slow_rank:
+                marks["hang_start_ns"] = time.time_ns()
+                time.sleep(self.args.hang_s)  # no collective is called meanwhile
+                marks["hang_end_ns"] = time.time_ns()
+
+        with self.instrument("hang"):
+            self.sync()
+            for i in range(8):
+                maybe_hang(i)
+                self.step(i)
+                self.sync()  # the loop waits for its GPU: the others wait inside NCCL
+        marks["end_ns"] = time.time_ns()
+        return {"hang_s": self.args.hang_s, "slow_rank": self.args.slow_rank,
+                "pg_timeout_s": self.args.pg_timeout_s,
+                "stall_timeout_s": float(os.environ.get("OTEL_TRAIN_STALL_TIMEOUT_S", "60")),
+                **marks, "run_dir": str(run_dir_of(self.out / "hang"))}
+
+    def dump_flight_recorder(self) -> None:
+        from torch._C import _distributed_c10d as c10d
+
+        doc: dict[str, Any] = {"torch": torch.__version__}
+        for name in ("_dump_nccl_trace_json", "_dump_nccl_trace"):
+            fn = getattr(c10d, name, None)
+            if fn is None:
+                doc[name] = "absent"
+                continue
+            try:
+                raw = fn(includeCollectives=True, onlyActive=False)
+                doc[name] = (json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+                             if name.endswith("json") else pickle.loads(raw))
+            except Exception as err:
+                doc[name] = f"error: {err!r}"
+        for key in ("_dump_nccl_trace_json", "_dump_nccl_trace"):  # keep the file small
+            entries = doc[key].get("entries") if isinstance(doc[key], dict) else None
+            if isinstance(entries, list) and len(entries) > 60:
+                doc[key]["entries"] = entries[:30] + entries[-30:]
+                doc[key]["entries_total"] = len(entries)
+        path = self.out / f"fr-dump-rank{self.rank}.json"
+        path.write_text(json.dumps(doc, indent=1, default=repr))
+
+
+def flight_recorder_diagnostics(inst: Any) -> dict[str, Any]:
+    for source in getattr(inst, "_sources", []):
+        if type(source).__name__ == "CollectiveSource":
+            ledger = source.ledger
+            fr = getattr(ledger, "flight_recorder", None) if ledger is not None else None
+            return {"mechanisms": list(source.mechanisms),
+                    "flight_recorder": None if fr is None else {
+                        "errors": fr.errors, "skipped": fr.skipped,
+                        "last_error": fr.last_error, "seen_keys": fr.seen_keys}}
+    return {"mechanisms": None}
+
+
+def dynamo_state() -> tuple[int, int]:
+    from torch._dynamo.utils import counters
+
+    return (sum(counters["stats"].values()) if "stats" in counters else 0,
+            sum(counters["graph_break"].values()))
+
+
+def versions() -> dict[str, Any]:
+    from importlib import metadata
+
+    out: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0],
+                           "date": datetime.datetime.now(datetime.UTC).isoformat()}
+    for pkg in ("opentelemetry-sdk", "holistictraceanalysis", "triton"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    if torch.cuda.is_available():
+        out["cuda"] = torch.version.cuda
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        out["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny model")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--straggler-steps", type=int, default=40)
+    parser.add_argument("--sleep-s", type=float, default=0.3)
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--hang-s", type=float, default=15.0)
+    parser.add_argument("--pg-timeout-s", type=float, default=60.0)
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--overhead-steps", type=int, default=20)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--batch", type=int, default=8)
+    args = parser.parse_args()
+    timeout = datetime.timedelta(seconds=args.pg_timeout_s)
+    if args.dry_run:
+        dist.init_process_group("gloo", timeout=timeout)
+    else:
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", timeout=timeout, device_id=torch.device("cuda", local))
+    args.out.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(args)
+    trainer.result["versions"] = versions()
+    t0 = time.perf_counter()
+    for i in range(3):  # compile and warm up, uninstrumented
+        trainer.step(i)
+    trainer.sync()
+    trainer.result["warmup_s"] = time.perf_counter() - t0
+    path = args.out / f"result-rank{trainer.rank}.json"
+    for mode in args.modes.split(","):
+        t0 = time.perf_counter()
+        try:
+            res = getattr(trainer, mode)()
+        except Exception as err:  # record it and go on: one mode's failure is one finding
+            res = {"error": repr(err)[:1000]}
+        res["wall_s"] = time.perf_counter() - t0
+        trainer.result["modes"][mode] = res
+        path.write_text(json.dumps(trainer.result, indent=1, default=repr))
+        if trainer.rank == 0:
+            print(f"mode {mode}: {json.dumps(res, default=repr)[:600]}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
