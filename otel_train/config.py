@@ -83,6 +83,8 @@ class Config:
     profile_dir: Path | None = None
     #: a collective pending longer than this is reported stalled (error log, span event)
     stall_timeout_s: float = 60.0
+    #: how often the NCCL flight recorder is read (a whole-buffer dump: keep it rare)
+    nccl_harvest_interval_s: float = 5.0
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -206,6 +208,9 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
                                "true or false"),
         "stall_timeout_s": _parse(env, "OTEL_TRAIN_STALL_TIMEOUT_S", _positive_float,
                                   d.stall_timeout_s, "a positive number of seconds"),
+        "nccl_harvest_interval_s": _parse(env, "OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S",
+                                          _positive_float, d.nccl_harvest_interval_s,
+                                          "a positive number of seconds"),
         "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
                               "true or false"),
         "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,
