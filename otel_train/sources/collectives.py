@@ -197,6 +197,7 @@ class Ledger:
         elif kind == FLUSH:
             self._harvested_at = 0  # the last read is never skipped
             self.tick()
+            self.emitter._release_steps(final=True)  # steps held for this read go first
             self._flush(payload[1])
 
     def _finish(self, coll: Collective) -> None:
