@@ -11,6 +11,7 @@ trace item, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -42,7 +43,7 @@ from otel_train.check.prometheus import live_exemplar_ids
 from otel_train.cli import main
 
 pytestmark = pytest.mark.slow
-STEPS, RANKS = 30, 2
+STEPS, RANKS = 60, 2
 DEFAULT_JAEGER = REPO_ROOT / "tools" / "jaeger" / "bin" / "jaeger"
 JAEGER_CONFIG = REPO_ROOT / "tools" / "jaeger" / "config.yaml"
 LAUNCHER_SPAN = "b7ad6b7169203331"
@@ -64,10 +65,10 @@ class Jaeger:
         return f"http://127.0.0.1:{self.otlp_port}"
 
 
-@pytest.fixture(scope="module")
-def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
+@contextlib.contextmanager
+def running_jaeger(workdir: Path) -> Iterator[Jaeger]:
+    """tools/jaeger/config.yaml's Jaeger on free ports, killed on exit."""
     binary = require_binary("jaeger", "OTEL_TRAIN_JAEGER_BIN", DEFAULT_JAEGER)
-    workdir = tmp_path_factory.mktemp("jaeger")
     ports = {name: free_port() for name in ("JAEGER_QUERY_PORT", "JAEGER_QUERY_GRPC_PORT",
                                             "JAEGER_OTLP_HTTP_PORT")}
     env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
@@ -86,6 +87,12 @@ def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
         yield server
     finally:
         process.kill()
+
+
+@pytest.fixture(scope="module")
+def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
+    with running_jaeger(tmp_path_factory.mktemp("jaeger")) as server:
+        yield server
 
 
 @dataclass
@@ -114,7 +121,9 @@ def live_run(jaeger: Jaeger, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     })
     argv = [sys.executable, "-m", "otel_train.cli", "demo", "--ranks", str(RANKS), "--steps",
             str(STEPS), "--no-compile", "--workers", "0", "--run-id", run_id,
-            "--output-dir", str(workdir / "runs")]
+            "--output-dir", str(workdir / "runs"),
+            # a straggler keeps the rank endpoints up for seconds of 1 s scrapes
+            "--slow-rank", "1"]
     try:
         prometheus.start()
         done = subprocess.run(argv, env=env, cwd=REPO_ROOT, capture_output=True, text=True,

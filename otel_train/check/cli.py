@@ -24,7 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL (HTTP API, "
                         "e.g. http://127.0.0.1:16686); needs the run id")
     parser.add_argument("--tempo", metavar="URL", help="Tempo base URL")
-    parser.add_argument("--loki", metavar="URL", help="Loki base URL")
+    parser.add_argument("--loki", metavar="URL", help="Loki base URL (HTTP API, "
+                        "e.g. http://127.0.0.1:3100); needs the run id")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.set_defaults(func=run)
 
@@ -48,18 +49,25 @@ def gather_results(args: argparse.Namespace) -> list[CheckResult]:
     if args.jaeger:
         from otel_train.check.jaeger import check_jaeger
 
-        if not run_id:
-            raise OSError("--jaeger needs --run-id (or a run directory whose run.json names "
-                          "the run)")
+        jaeger_run = _needs_run_id("--jaeger", run_id)
         if live is None:
-            live = _live_exemplars(args.prometheus, run_id)
-        results += check_jaeger(args.jaeger, run_id, live)
-    for flag in ("tempo", "loki"):
-        if getattr(args, flag):
-            from otel_train.check.live_stub import not_implemented
+            live = _live_exemplars(args.prometheus, jaeger_run)
+        results += check_jaeger(args.jaeger, jaeger_run, live)
+    if args.loki:
+        from otel_train.check.loki import check_loki
 
-            results += not_implemented(flag)
+        results += check_loki(args.loki, _needs_run_id("--loki", run_id))
+    if args.tempo:
+        from otel_train.check.live_stub import not_implemented
+
+        results += not_implemented("tempo")
     return merge(results)
+
+
+def _needs_run_id(flag: str, run_id: str | None) -> str:
+    if not run_id:
+        raise OSError(f"{flag} needs --run-id (or a run directory whose run.json names the run)")
+    return run_id
 
 
 def _run_json_id(run_dir: Path) -> str | None:

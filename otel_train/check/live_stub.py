@@ -1,7 +1,7 @@
 """Live backends the checker does not query: said plainly, never faked.
 
-Tempo and Loki clients are left out until they can be tested against a real server (Jaeger,
-which can, is in jaeger.py)."""
+Tempo's client is left out until it can be tested against a real server (Jaeger's and
+Loki's, which are, live in jaeger.py and loki.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from otel_train.check.model import NOT_APPLICABLE, CheckResult
 ITEMS = {
     "tempo": ("trace_coverage", "same_trace_across_ranks", "sampling_consistency",
               "launcher_context"),
-    "loki": ("log_fields",),
 }
 
 

@@ -151,6 +151,5 @@ def check_prometheus(base_url: str, run_id: str | None = None) -> list[CheckResu
                             "give --jaeger URL or a run directory (live Tempo "
                             "checks are not implemented)", SOURCE) for item in TRACE_ITEMS]
     results.append(CheckResult("log_fields", NOT_APPLICABLE, "logs are not in Prometheus",
-                               "give a run directory (live Loki checks are not "
-                               "implemented)", SOURCE))
+                               "give --loki URL or a run directory", SOURCE))
     return results
