@@ -134,11 +134,30 @@ class Instrumentation:
         self._started = True
         try:
             self._start()
+        except Exception as err:  # instrumentation must never stop training from starting
+            self._undo_partial_start()
+            with _active_lock:
+                _active = None
+            self._started = False
+            self._inert = True
+            warnings.warn(f"otel-train: could not start ({err!r}); training continues "
+                          "uninstrumented", ConfigWarning, stacklevel=3)
         except BaseException:
+            self._undo_partial_start()
             with _active_lock:
                 _active = None
             self._started = False
             raise
+
+    def _undo_partial_start(self) -> None:
+        """Best effort: remove whatever a failed start had installed already."""
+        for undo in (lambda: self._hooks.remove(), lambda: self._logs.remove(),
+                     lambda: self.emitter.stop(1.0), lambda: self._pipeline.shutdown(1.0),
+                     lambda: self._prometheus.close() if self._prometheus else None):
+            try:
+                undo()
+            except Exception:  # not installed yet, or already half gone
+                pass
 
     def _start(self) -> None:
         cfg = self.config

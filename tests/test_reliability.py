@@ -281,3 +281,23 @@ def test_a_rank_killed_with_sigkill_leaves_the_others_telemetry_exported(tmp_pat
     # gloo notices a dead peer (the survivor's collective raises) or the collective hangs
     # and the stall detection reports it: either way rank 0 says what happened
     assert run["attrs"][semconv.ATTR_STATUS] == "error" or stalled
+
+
+def test_a_failing_start_leaves_training_uninstrumented_not_broken(tmp_path, monkeypatch):
+    # A fault we cannot cause for real on one process (the run id broadcast failing, say):
+    # stand in for it by making the identity step raise.
+    from torch.utils.data import dataloader as dl
+
+    def broken_resolve(*args, **kwargs):
+        raise RuntimeError("store unreachable")
+
+    monkeypatch.setattr(identity, "resolve", broken_resolve)
+    model, opt, loader = training.setup(batches=3)
+    before = (dl._BaseDataLoaderIter.__dict__["__next__"], torch.autograd.backward,
+              logging.getLogRecordFactory())
+    with pytest.warns(ConfigWarning, match="could not start"):
+        with otel_train.instrument(model, output_dir=tmp_path) as inst:
+            assert training.train(model, opt, loader) == 3
+    assert inst.run_id is None and not any(tmp_path.iterdir())
+    assert (dl._BaseDataLoaderIter.__dict__["__next__"], torch.autograd.backward,
+            logging.getLogRecordFactory()) == before
