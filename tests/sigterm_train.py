@@ -2,8 +2,9 @@
 
 import sys
 
-import otel_train
 import training
+
+import otel_train
 
 if __name__ == "__main__":
     model, opt, loader = training.setup(batches=4)

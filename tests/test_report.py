@@ -12,6 +12,7 @@ from otel_train import semconv as sc
 from otel_train.analysis import steps as st
 from otel_train.analysis.build import build_report
 from otel_train.analysis.otlp import decode_attributes, iter_spans, signal_files
+from otel_train.analysis.terminal import straggler_lines
 from otel_train.analysis.traces import UNTIMED, StepTable
 from otel_train.cli import main
 
@@ -210,3 +211,27 @@ def test_a_rank_waiting_inside_a_phase_is_not_blamed() -> None:
     assert (naive.rank, naive.phase) == (0, sc.PHASE_FORWARD)
     fixed = st.slow_steps(table, durations, 1, lambda step, phase: starts)[0]
     assert (fixed.rank, fixed.phase, fixed.phase_s) == (1, UNTIMED, 0.2)
+
+
+def test_collective_wait_names_the_rank_the_others_wait_for() -> None:
+    # synchronous steps of 2 s on 3 ranks: ranks 0 and 2 wait 0.8 s a step in collectives,
+    # rank 1 (late) 0.2 s: the median rank loses 0.6 s, 30% of a step, to rank 1
+    shares = st.collective_wait_shares({0: 80.0, 1: 20.0, 2: 80.0}, {0: 100, 1: 100, 2: 100},
+                                       {0: 200.0, 1: 200.0, 2: 200.0})
+    assert shares == pytest.approx({0: 0.0, 1: 0.3, 2: 0.0})
+    # a balanced run: a few percent either way, below the threshold
+    fair = st.collective_wait_shares({0: 50.0, 1: 55.0, 2: 46.0}, {0: 100, 1: 100, 2: 100},
+                                     {0: 200.0, 1: 200.0, 2: 200.0})
+    assert max(fair.values()) < st.STRAGGLER_WAIT_SHARE
+    # one rank, or no steps: nothing to compare
+    assert st.collective_wait_shares({0: 5.0}, {0: 10}, {0: 20.0}) == {}
+    assert st.collective_wait_shares({0: 5.0, 1: 1.0}, {0: 0, 1: 0}, {}) == {}
+
+
+def test_report_names_the_collective_wait_straggler_over_equal_step_times(tmp_path) -> None:
+    spec = RunSpec(ranks=3, steps=40, straggler_rank=1, spike_steps=(10, 20, 30))
+    report = build_report(write_run(spec, tmp_path))
+    assert report.straggler == 1 and report.straggler_signal == "collective_wait"
+    assert report.straggler_wait_rank == 1 and report.straggler_wait_share > 0.05
+    out = straggler_lines(report)
+    assert out and out[0].startswith("straggler: rank 1: the other ranks wait for it")

@@ -44,6 +44,13 @@ def test_the_straggler_sleep_is_blamed_on_the_slow_rank(report) -> None:
         assert slow.phase_s >= 0.05, slow.cause
 
 
+def test_the_slow_rank_is_named_by_the_collective_wait_it_causes(report) -> None:
+    # synchronous DDP: rank 0 waits in its all-reduces while rank 1 sleeps, rank 1 does not
+    assert report.straggler == SLOW_RANK, report.straggler_wait_share
+    assert report.straggler_signal == "collective_wait"
+    assert report.straggler_wait_rank == SLOW_RANK and report.straggler_wait_share >= 0.05
+
+
 def test_timelines_come_from_the_real_spans(report) -> None:
     for timeline in report.timelines:
         assert {b.rank for b in timeline.bars} == {0, 1}

@@ -40,7 +40,7 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Repor
     spans = _spans_by_step(run_dir, traces, slowest, run_id)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
         spans.get(step, []), phase))
-    rank, busy_ratio, slowest_share = st.straggler(table, by_rank)
+    lag = st.straggler(table, by_rank, _wait_shares(metrics))
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
     samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
@@ -50,8 +50,10 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Repor
         world_size=traces.world_size or len(by_rank),
         ranks=list(by_rank), sampled_steps=len(durations),
         trained_steps=_trained_steps(metrics), wall_s=wall, phases=used,
-        rank_rows=st.rank_breakdowns(table, by_rank), straggler=rank,
-        straggler_busy_ratio=busy_ratio, straggler_slowest_share=slowest_share,
+        rank_rows=st.rank_breakdowns(table, by_rank), straggler=lag.rank,
+        straggler_signal=lag.signal, straggler_busy_ratio=lag.busy_ratio,
+        straggler_slowest_share=lag.slowest_share, straggler_wait_share=lag.wait_share,
+        straggler_wait_rank=lag.wait_rank,
         slow_steps=slow, timelines=[_timeline(s, spans.get(s.step, []))
                                     for s in slow[:timelines]],
         over_time=st.over_time(table), collectives=_collectives(traces, metrics),
@@ -61,6 +63,18 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Repor
         dropped={str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
                  for p in metrics.series(sc.METRIC_TELEMETRY_DROPPED)},
     )
+
+
+def _wait_shares(metrics: MetricsDigest) -> dict[int, float]:
+    steps: dict[int, int] = {}
+    for point in metrics.series(sc.METRIC_STEP_DURATION):
+        if point.rank is not None:
+            steps[point.rank] = steps.get(point.rank, 0) + point.count
+    step_s = {r: s for r, s in metrics.per_rank_total(sc.METRIC_STEP_DURATION).items()
+              if r >= 0}
+    collective_s = {r: s for r, s in metrics.per_rank_total(
+        sc.METRIC_COLLECTIVE_DURATION).items() if r >= 0}
+    return st.collective_wait_shares(collective_s, steps, step_s)
 
 
 def _wall_s(traces: TraceDigest, metrics: MetricsDigest) -> float:

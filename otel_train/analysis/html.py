@@ -7,7 +7,7 @@ from html import escape
 
 from otel_train.analysis import svg
 from otel_train.analysis.model import Report
-from otel_train.analysis.terminal import fmt_bytes, fmt_s
+from otel_train.analysis.terminal import fmt_bytes, fmt_s, straggler_lines
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
@@ -54,9 +54,8 @@ def _summary(report: Report) -> str:
     items = [f"{report.world_size} ranks", f"{report.sampled_steps} sampled steps"
              + (f" of {report.trained_steps} trained" if report.trained_steps else ""),
              f"wall {fmt_s(report.wall_s)}"]
-    if report.straggler is not None and report.straggler_busy_ratio:
-        items.append(f"straggler: rank {report.straggler} (busy "
-                     f"{report.straggler_busy_ratio:.2f}x the median rank)")
+    if report.straggler is not None:
+        items.extend(straggler_lines(report))
     if report.samples_per_s:
         items.append(f"{report.samples_per_s:,.1f} samples/s")
     c = report.compile

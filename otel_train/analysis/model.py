@@ -98,8 +98,16 @@ class Report:
     phases: list[str]
     rank_rows: list[RankBreakdown]
     straggler: int | None
+    #: how the straggler was named: "collective_wait" (the others wait for it in collectives)
+    #: or "busy_time" (its own work, step less exposed communication); None when not named
+    straggler_signal: str | None
+    #: the named (else the busiest) rank's busy time over the median rank's
     straggler_busy_ratio: float | None
     straggler_slowest_share: float | None
+    #: the share of a step the run's median rank waits in collectives beyond what the rank
+    #: the others wait for most waits (``straggler_wait_rank``); None without collectives
+    straggler_wait_share: float | None
+    straggler_wait_rank: int | None
     slow_steps: list[SlowStep]
     timelines: list[StepTimeline]
     over_time: list[TimeBin]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from statistics import median
 
 from otel_train import semconv as sc
@@ -13,6 +14,11 @@ from otel_train.analysis.traces import StepTable
 
 #: a rank this much busier than the median rank is called a straggler
 STRAGGLER_RATIO = 1.05
+#: ... and so is a rank the others wait for in collectives this share of a step (beyond what
+#: it waits itself); the alert's threshold (prometheus/rules.yml) is 0.1 over 5 minutes
+STRAGGLER_WAIT_SHARE = 0.05
+SIGNAL_COLLECTIVE_WAIT = "collective_wait"
+SIGNAL_BUSY_TIME = "busy_time"
 #: waiting for other ranks is a symptom, never the cause of a slow step
 NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM})
 
@@ -125,25 +131,73 @@ def busy_s(table: StepTable, index: int) -> float:
     return table.durations[index] - table.phases[sc.PHASE_EXPOSED_COMM][index]
 
 
-def straggler(table: StepTable, by_rank: dict[int, list[int]]
-              ) -> tuple[int | None, float | None, float | None]:
-    """(rank, its mean busy time over the median rank's, share of steps it was slowest in);
-    rank None when no rank is ``STRAGGLER_RATIO`` busier than the median rank."""
+def collective_wait_shares(collective_s: dict[int, float], steps: dict[int, int],
+                           step_s: dict[int, float]) -> dict[int, float]:
+    """Per rank: how much of a step the run's median rank spends in collectives beyond what
+    this rank spends, as a share of the median step time (the time the others lose waiting for
+    it; prometheus/rules.yml's ``training_run_rank:collective_wait_caused:share_of_step5m``
+    over the whole run).
+
+    In synchronous training every rank's step lasts as long as the slowest rank's, so step
+    times cannot single out a straggler; the waiting does: the ranks that arrive early wait
+    inside each collective (on NCCL their kernels spin on the GPU until the late rank joins),
+    the late rank hardly waits. Arguments are per-rank totals: seconds in collectives, steps,
+    seconds of steps (the run's metrics, which cover every step, not just sampled ones).
+    """
+    ranks = [r for r in collective_s if steps.get(r)]
+    if len(ranks) < 2:
+        return {}
+    per_step = {r: collective_s[r] / steps[r] for r in ranks}
+    typical_step = median(step_s[r] / steps[r] for r in ranks if r in step_s) if any(
+        r in step_s for r in ranks) else 0.0
+    if typical_step <= 0:
+        return {}
+    typical = median(per_step.values())
+    return {r: (typical - c) / typical_step for r, c in per_step.items()}
+
+
+def straggler(table: StepTable, by_rank: dict[int, list[int]],
+              wait_shares: dict[int, float] | None = None) -> Straggler:
+    """The rank the others wait for, by the collective wait it causes (``wait_shares``, at
+    least ``STRAGGLER_WAIT_SHARE``), else by its own work (step less exposed communication,
+    ``STRAGGLER_RATIO`` over the median rank); rank None when neither names one."""
+    out = Straggler()
     if len(by_rank) < 2:
-        return None, None, None
+        return out
+    if wait_shares:
+        out.wait_rank = max(wait_shares, key=lambda r: wait_shares[r])
+        out.wait_share = wait_shares[out.wait_rank]
     mean_busy = {r: sum(busy_s(table, i) for i in rows) / len(rows) for r, rows in by_rank.items()}
     slowest_of_step: dict[int, tuple[float, int]] = {}
     for index, step in enumerate(table.steps):
         busy = busy_s(table, index)
         if busy > slowest_of_step.get(step, (-1.0, -1))[0]:
             slowest_of_step[step] = (busy, table.ranks[index])
-    rank = max(mean_busy, key=lambda r: mean_busy[r])
+    busiest = max(mean_busy, key=lambda r: mean_busy[r])
     typical = median(mean_busy.values())
-    share = sum(1 for _, r in slowest_of_step.values() if r == rank) / len(slowest_of_step)
-    ratio = mean_busy[rank] / typical if typical else None
-    if ratio is None or ratio < STRAGGLER_RATIO:
-        return None, ratio, share
-    return rank, ratio, share
+    out.busy_ratio = mean_busy[busiest] / typical if typical else None
+    if out.wait_share is not None and out.wait_share >= STRAGGLER_WAIT_SHARE:
+        out.rank, out.signal = out.wait_rank, SIGNAL_COLLECTIVE_WAIT
+    elif out.busy_ratio is not None and out.busy_ratio >= STRAGGLER_RATIO:
+        out.rank, out.signal = busiest, SIGNAL_BUSY_TIME
+    named = out.rank if out.rank is not None else busiest
+    out.busy_ratio = mean_busy[named] / typical if typical else None
+    out.slowest_share = (sum(1 for _, r in slowest_of_step.values() if r == named)
+                         / len(slowest_of_step)) if slowest_of_step else None
+    return out
+
+
+@dataclass
+class Straggler:
+    rank: int | None = None
+    signal: str | None = None
+    #: the named rank's (else the busiest rank's) mean busy time over the median rank's
+    busy_ratio: float | None = None
+    #: share of sampled steps in which that rank was the busiest
+    slowest_share: float | None = None
+    #: the rank the others wait for most in collectives, and that wait as a share of a step
+    wait_rank: int | None = None
+    wait_share: float | None = None
 
 
 def over_time(table: StepTable, bins: int = 40) -> list[TimeBin]:

@@ -46,13 +46,7 @@ def _header(report: Report) -> str:
     trained = f" of {report.trained_steps} trained" if report.trained_steps else ""
     lines = [f"[bold]run {report.run_id}[/]: {report.world_size} ranks, "
              f"{report.sampled_steps} sampled steps{trained}, wall {fmt_s(report.wall_s)}"]
-    if report.straggler is not None and report.straggler_busy_ratio:
-        lines.append(f"straggler: [bold]rank {report.straggler}[/], busy "
-                     f"{report.straggler_busy_ratio:.2f}x the median rank, slowest in "
-                     f"{report.straggler_slowest_share:.0%} of steps")
-    elif report.straggler_busy_ratio:
-        lines.append(f"no straggler: the busiest rank is {report.straggler_busy_ratio:.2f}x "
-                     "the median rank")
+    lines.extend(straggler_lines(report, bold=True))
     if report.samples_per_s:
         tokens = f", {report.tokens_per_s:,.0f} tokens/s" if report.tokens_per_s else ""
         lines.append(f"throughput: {report.samples_per_s:,.1f} samples/s{tokens}")
@@ -115,3 +109,27 @@ def _compile_line(report: Report) -> str:
     return (f"compile (all ranks): {c.compilations} compilations, {fmt_s(c.total_s)}, "
             f"{c.graph_breaks} graph breaks, {c.recompiles} recompiles"
             + (f"; reasons: {reasons}" if reasons else ""))
+
+
+def straggler_lines(report: Report, bold: bool = False) -> list[str]:
+    """The straggler verdict in words (terminal and HTML)."""
+    b, e = ("[bold]", "[/]") if bold else ("", "")
+    wait = report.straggler_wait_share
+    if report.straggler is not None and report.straggler_signal == "collective_wait":
+        busy = (f"; its own work is {report.straggler_busy_ratio:.2f}x the median rank's"
+                if report.straggler_busy_ratio else "")
+        return [f"straggler: {b}rank {report.straggler}{e}: the other ranks wait for it in "
+                f"collectives {wait:.0%} of a step{busy}"]
+    if report.straggler is not None and report.straggler_busy_ratio:
+        return [f"straggler: {b}rank {report.straggler}{e}, busy "
+                f"{report.straggler_busy_ratio:.2f}x the median rank, slowest in "
+                f"{report.straggler_slowest_share or 0:.0%} of steps"]
+    if report.straggler_busy_ratio or wait is not None:
+        parts = []
+        if report.straggler_busy_ratio:
+            parts.append(f"the busiest rank is {report.straggler_busy_ratio:.2f}x the median rank")
+        if wait is not None:
+            parts.append(f"no rank is waited for over {max(wait, 0):.0%} of a step "
+                         f"(rank {report.straggler_wait_rank} most)")
+        return ["no straggler: " + "; ".join(parts)]
+    return []
