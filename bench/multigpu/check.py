@@ -81,6 +81,25 @@ def straggler(d: Path, slow_rank: int) -> dict[str, Any]:
             "named_by_step": max(mean, key=mean.get)}
 
 
+def report_straggler(d: Path) -> dict[str, Any]:
+    """What ``otel-train report`` says, and the per-rank collective seconds per step it used."""
+    from otel_train.analysis.build import build_report
+    from otel_train.analysis.metrics import read_metrics
+
+    rep = build_report(d)
+    metrics = read_metrics(d)
+    steps: dict[int, int] = defaultdict(int)
+    for point in metrics.series(sc.METRIC_STEP_DURATION):
+        steps[int(point.rank or 0)] += point.count
+    coll = metrics.per_rank_total(sc.METRIC_COLLECTIVE_DURATION)
+    return {"straggler": rep.straggler, "signal": rep.straggler_signal,
+            "wait_share": rep.straggler_wait_share, "wait_rank": rep.straggler_wait_rank,
+            "busy_ratio": rep.straggler_busy_ratio, "slowest_share": rep.straggler_slowest_share,
+            "trained_steps": dict(steps),
+            "collective_s_per_step": {r: coll[r] / steps[r] for r in coll if steps.get(r)},
+            "slow_steps": [s.cause for s in rep.slow_steps[:5]]}
+
+
 def hang(d: Path, res: dict[str, Any]) -> dict[str, Any]:
     logs = [r for r in otlp.iter_log_records(sorted(d.glob(sc.LOGS_GLOB)))
             if sc.LOG_COLLECTIVE_STALLED in str(r.body) or
@@ -107,12 +126,17 @@ def main() -> None:
     world = results[0]["world_size"]
     out: dict[str, Any] = {"versions": results[0].get("versions")}
     modes = results[0]["modes"]
-    for mode in ("normal", "straggler", "profile", "hang"):
+    for mode in ("normal", "straggler", "straggler_gpu", "profile", "hang"):
         if mode in modes and (root / mode).is_dir():
             out[f"{mode}_traces"] = traces(run_dir(root, mode), world)
     if "straggler" in modes:
         out["straggler"] = straggler(run_dir(root, "straggler"),
                                      modes["straggler"].get("slow_rank", 1))
+        out["straggler_report"] = report_straggler(run_dir(root, "straggler"))
+    if "straggler_gpu" in modes and (root / "straggler_gpu").is_dir():
+        out["straggler_gpu"] = straggler(run_dir(root, "straggler_gpu"),
+                                         modes["straggler_gpu"].get("slow_rank", 1))
+        out["straggler_gpu_report"] = report_straggler(run_dir(root, "straggler_gpu"))
     if "hang" in modes:
         slow = results[modes["hang"].get("slow_rank", 1)]["modes"]["hang"]
         out["hang"] = hang(run_dir(root, "hang"), slow)

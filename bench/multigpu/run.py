@@ -12,6 +12,8 @@ Modes, run in this order in one process (the model compiles once), each into ``D
 - ``normal``: N instrumented steps; also dumps the raw NCCL flight recorder (JSON and pickle)
   to ``DIR/fr-dump-rank<r>.json`` so the fields of the installed torch are on record.
 - ``straggler``: rank ``--slow-rank`` sleeps ``--sleep-s`` before every other step.
+- ``straggler_gpu``: rank ``--slow-rank`` queues ``--extra-matmuls`` extra 8192^2 bf16 matmuls
+  on its GPU before every other step (extra work, not a host-side pause).
 - ``profile``: an otel-train profiler window; its trace is analysed by otel-train and by
   HolisticTraceAnalysis (when installed) for the overlap comparison.
 - ``overhead``: bare and instrumented blocks, interleaved round by round, synchronised
@@ -44,13 +46,14 @@ from torch import nn
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
-import otel_train  # noqa: E402
 from bench_gpu import GPT, GPTConfig, hta_overlap_pct, run_dir_of  # noqa: E402
+
+import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.analysis import otlp  # noqa: E402
 from otel_train.sources import gpu_trace  # noqa: E402
 
-MODES = ("normal", "straggler", "profile", "overhead", "hang")
+MODES = ("normal", "straggler", "straggler_gpu", "profile", "overhead", "hang")
 
 
 def build(cfg: GPTConfig, device: torch.device, compiled: bool) -> tuple[nn.Module, Any]:
@@ -147,6 +150,24 @@ class Trainer:
         return {"step_s": per_step, "slept_steps": slept, "slow_rank": self.args.slow_rank,
                 "sleep_s": self.args.sleep_s,
                 "run_dir": str(run_dir_of(self.out / "straggler"))}
+
+    def straggler_gpu(self) -> dict[str, Any]:
+        side = 256 if self.args.dry_run else 8192
+        x = torch.randn(side, side, device=self.device,
+                        dtype=torch.float32 if self.args.dry_run else torch.bfloat16)
+        slowed: list[int] = []
+
+        def maybe_work(i: int) -> None:
+            if self.rank == self.args.slow_rank and i % 2 == 1:
+                slowed.append(i)
+                for _ in range(self.args.extra_matmuls):
+                    torch.mm(x, x)
+
+        with self.instrument("straggler_gpu"):
+            per_step = self.block(0, self.args.straggler_steps, maybe_work)
+        return {"step_s": per_step, "slowed_steps": slowed, "slow_rank": self.args.slow_rank,
+                "extra_matmuls": self.args.extra_matmuls,
+                "run_dir": str(run_dir_of(self.out / "straggler_gpu"))}
 
     def profile(self) -> dict[str, Any]:
         with self.instrument("profile", profile_every=4, profile_steps=2):
@@ -283,9 +304,10 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--dry-run", action="store_true", help="CPU, gloo, tiny model")
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--straggler-steps", type=int, default=40)
+    parser.add_argument("--straggler-steps", type=int, default=120)
     parser.add_argument("--sleep-s", type=float, default=0.3)
     parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--extra-matmuls", type=int, default=60)
     parser.add_argument("--hang-s", type=float, default=15.0)
     parser.add_argument("--pg-timeout-s", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=8)
