@@ -21,7 +21,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 DASHBOARDS_DIR = REPO_ROOT / "dashboards"
 sys.path.insert(0, str(DASHBOARDS_DIR))
-from otel_dashboards import checklist, queries  # noqa: E402
+from otel_dashboards import checklist, names, queries  # noqa: E402
 
 BOARDS = queries.dashboards()
 PROVISIONING = DASHBOARDS_DIR / "provisioning"
@@ -191,6 +191,30 @@ def test_checklist_reads_alerts_that_the_rules_file_defines():
     read = {name for text in texts for name in re.findall(r'ALERTS\{alertname="(\w+)"', text)}
     assert read == set(checklist.ALERT_NAMES)
     assert read <= alerts
+
+
+def test_recording_rules_the_dashboards_read_are_in_the_rules_file():
+    rules_file = REPO_ROOT / "prometheus" / "rules.yml"
+    if not rules_file.exists():
+        pytest.skip("prometheus/rules.yml not written yet")
+    rules = [
+        rule
+        for group in yaml.safe_load(rules_file.read_text())["groups"]
+        for rule in group["rules"]
+    ]
+    recorded = {rule["record"] for rule in rules if "record" in rule}
+    read = {
+        name
+        for q in queries.queries()
+        if q.lang == "promql"
+        for name in re.findall(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b", q.text)
+    }
+    assert {names.COLLECTIVE_PER_STEP, names.WAIT_CAUSED} <= read
+    assert read <= recorded
+    # the wait-share line and the checklist verdict use the alert's own threshold
+    straggler = next(rule for rule in rules if rule.get("alert") == checklist.ALERT_STRAGGLER)
+    assert f"{names.WAIT_CAUSED} > {names.WAIT_CAUSED_LIMIT}" in straggler["expr"]
+    assert checklist.WAIT_LIMIT == names.WAIT_CAUSED_LIMIT
 
 
 # --- provisioning ------------------------------------------------------------------------

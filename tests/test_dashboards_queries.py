@@ -294,8 +294,14 @@ def simulate_rank(
         )
     f.counter("training_samples", labels, t, 32 * len(steps))
     f.counter("training_tokens", labels, t, 32 * 2048 * len(steps))
+    # Synchronous training: the others wait for the straggler inside their collectives, and
+    # the straggler, arriving last, hardly waits: its collective seconds per step are a quarter
+    # of theirs (the share of a step the others lose to it comes out near 0.25).
+    arrives_last = 0.25 if rank == STRAGGLER else 1.0
     for op, mean in OPS.items():
-        durations = [rng.lognormvariate(math.log(mean), 0.3) for _ in range(4 * len(steps))]
+        durations = [
+            arrives_last * rng.lognormvariate(math.log(mean), 0.3) for _ in range(4 * len(steps))
+        ]
         if op == "all_reduce" and rank == 2 and minutes_left < 1:
             durations.append(75.0)  # a stalled all_reduce in the last minute
         if op == "reduce_scatter" and rank == 2 and minutes_left < 5:
@@ -525,10 +531,41 @@ def test_checklist_verdicts_follow_the_live_data(prometheus):
     assert verdict(prometheus, "cAdvisor throttling series present") == 1
     assert verdict(prometheus, "Per-rank cgroup throttling measured") == 1
     assert verdict(prometheus, "Ranks reporting steps") == RANKS
-    assert verdict(prometheus, "No straggler") == 0  # rank 3 is 1.6x the median
+    assert verdict(prometheus, "No straggler") == 0  # rank 3: 1.6x the median, others wait
     assert verdict(prometheus, "Telemetry pipeline dropped nothing") == 0  # rank 1 drops spans
     assert verdict(prometheus, "Recompiles over the range") > 10  # rank 0's storm
     assert verdict(prometheus, "Throttling alert state") >= 1  # pending (for: 15m) or firing
+
+
+def per_rank(server: Prometheus, dashboard: str, title: str) -> dict[int, float]:
+    """The latest value per rank of a per-rank panel's query (its first target)."""
+    panel = next(p for p in queries.panels(queries.dashboards()[dashboard]) if p["title"] == title)
+    result = evaluate(server, queries.interpolate(panel["targets"][0]["expr"], VALUES))
+    return {int(r["metric"]["training_rank"]): float(r["value"][1]) for r in result}
+
+
+def test_the_straggler_is_named_by_the_wait_it_causes(prometheus):
+    board = "ranks-and-stragglers.json"
+    wait = per_rank(prometheus, board, "Others wait for this rank (share of step)")
+    collective = per_rank(prometheus, board, "Collective seconds per step")
+    assert set(wait) == set(collective) == set(range(RANKS))
+    assert max(wait, key=wait.get) == STRAGGLER and wait[STRAGGLER] > checklist.WAIT_LIMIT, wait
+    assert min(collective, key=collective.get) == STRAGGLER, collective
+
+
+def test_either_straggler_signal_alone_fails_the_checklist(prometheus):
+    """The straggler verdict fails on step-time skew and on collective wait, each on its own."""
+    skew = f"< bool {checklist.SKEW_LIMIT}"
+    wait = f"<= bool {checklist.WAIT_LIMIT}"
+    board = queries.dashboards()["production-readiness.json"]
+    panel = next(p for p in queries.panels(board) if p["title"].startswith("No straggler"))
+    expr = queries.interpolate(panel["targets"][0]["expr"], VALUES)
+    assert expr.count(skew) == expr.count(wait) == 1
+    for limit, lenient in ((skew, "< bool 100"), (wait, "<= bool 100")):
+        result = evaluate(prometheus, expr.replace(limit, lenient))
+        assert [float(r["value"][1]) for r in result] == [0], (limit, result)
+    result = evaluate(prometheus, expr.replace(skew, "< bool 100").replace(wait, "<= bool 100"))
+    assert [float(r["value"][1]) for r in result] == [1], result  # negative control
 
 
 def test_checklist_alert_names_are_rules_prometheus_loaded(prometheus):

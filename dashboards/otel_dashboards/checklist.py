@@ -20,6 +20,8 @@ ALERT_STRAGGLER = "TrainingStragglerRank"
 ALERT_NAMES = (ALERT_THROTTLING, ALERT_STRAGGLER)
 #: straggler skew (slowest rank's p50 / median rank's p50) above which item 7 fails
 SKEW_LIMIT = 1.25
+#: share of a step the other ranks lose waiting for one rank above which item 7 fails
+WAIT_LIMIT = names.WAIT_CAUSED_LIMIT
 
 RUN = kit.sel(rank=False)
 RUN_SPANS = f'span.{names.ATTR_RUN_ID} = "$run_id"'
@@ -302,16 +304,25 @@ def _item_distributions(board: dash.Dashboard) -> None:
     board.with_row(
         dash.Row("7. An average hides one straggler, a recompile storm or a throttled worker")
     )
+    # Two ways to name a straggler, as TrainingStragglerRank does: its step time (ranks that do
+    # not wait for each other) and the wait it causes the others in their collectives
+    # (synchronous training, where step times equalise). A run without collective series
+    # (one rank, or no collectives recorded) passes the second.
+    balanced = f"({kit.skew(0.5, names.STEP, s, '$__range')}) < bool {SKEW_LIMIT}"
+    unwaited = (
+        f"(max(quantile_over_time(0.5, {names.WAIT_CAUSED}{s}[$__range])) <= bool {WAIT_LIMIT})"
+        " or vector(1)"
+    )
     board.with_panel(
         kit.pass_fail(
-            f"No straggler: slowest rank p50 < {SKEW_LIMIT} x median rank",
-            "Per-rank median step time over the range; the verdict the dashboards' max/median "
-            "panels show over time.",
-            kit.prom(
-                f"{kit.skew(0.5, names.STEP, s, '$__range')} < bool {SKEW_LIMIT}",
-                "balanced",
-                instant=True,
-            ),
+            f"No straggler: slowest rank p50 < {SKEW_LIMIT} x median, others wait "
+            f"<= {WAIT_LIMIT:.0%} of a step",
+            "FAIL when the slowest rank's median step time over the range is 1.25 times the "
+            "median rank's or more (the max/median skew panels), or when any rank's median over "
+            "the range of the share of a step the others wait for it in collectives "
+            f"({names.WAIT_CAUSED}) is above {WAIT_LIMIT:.0%}: in synchronous training step "
+            "times equalise and only that wait names the straggler.",
+            kit.prom(f"({balanced}) * ({unwaited})", "no straggler", instant=True),
             [_evidence(ranks.UID, "Ranks and stragglers")],
         )
     )

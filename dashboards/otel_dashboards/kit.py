@@ -305,7 +305,10 @@ def series(
     height: int = 8,
     stacked: bool = False,
     log_scale: bool = False,
+    threshold: float | None = None,
 ):
+    """A time series panel; ``threshold`` draws a red line there (an alert's limit) and keeps
+    the y axis reaching it, so the line stays in view while every series is far below."""
     panel = (
         timeseries.Panel()
         .title(title)
@@ -333,6 +336,16 @@ def series(
     if log_scale:
         panel = panel.scale_distribution(
             common_builders.ScaleDistributionConfig().type(common.ScaleDistribution.LOG).log(2)
+        )
+    if threshold is not None:
+        panel = (
+            panel.thresholds(thresholds((None, "green"), (threshold, "red")))
+            .thresholds_style(
+                common_builders.GraphThresholdsStyleConfig().mode(
+                    common.GraphThresholdsStyleMode.LINE
+                )
+            )
+            .axis_soft_max(threshold)
         )
     for target in targets:
         panel = panel.with_target(target)

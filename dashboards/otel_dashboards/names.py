@@ -51,6 +51,15 @@ CPU_THROTTLED = "training_cpu_throttled_time_seconds_total"
 MFU = "training_mfu_ratio"
 DROPPED = semconv.PROM_TELEMETRY_DROPPED
 
+# Recording rules of prometheus/rules.yml the dashboards read (series labelled run and rank).
+#: seconds a rank spends in collectives per step
+COLLECTIVE_PER_STEP = "training_run_rank:collective_duration_seconds:per_step5m"
+#: (median rank's collective seconds per step - this rank's) / median step time: how much of
+#: a step the other ranks lose waiting for this rank (TrainingStragglerRank, collective_wait)
+WAIT_CAUSED = "training_run_rank:collective_wait_caused:share_of_step5m"
+#: the share above which TrainingStragglerRank fires with straggler_signal="collective_wait"
+WAIT_CAUSED_LIMIT = 0.1
+
 #: labels besides run and rank that identify a series of each metric
 IDENTITY = {
     PHASE_DURATION: (PHASE,),

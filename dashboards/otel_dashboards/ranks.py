@@ -36,6 +36,31 @@ def _stragglers(board: dash.Dashboard) -> None:
     )
     board.with_panel(
         kit.series(
+            "Others wait for this rank (share of step)",
+            "In synchronous training (DDP, FSDP) every rank's step lasts as long as the "
+            "slowest one's, so step time cannot name the straggler; waiting can. Per rank: the "
+            "run's median rank's collective seconds per step minus this rank's, over the median "
+            "step time (training_run_rank:collective_wait_caused:share_of_step5m, 5 min). The "
+            "straggler arrives last and hardly waits: its line is the highest. Above the "
+            f"{names.WAIT_CAUSED_LIMIT:.0%} line for 10 minutes TrainingStragglerRank fires "
+            '(straggler_signal="collective_wait"); below zero is a rank that waits more than '
+            "the median.",
+            [kit.prom(kit.gauge(names.WAIT_CAUSED, s), RANK_LEGEND)],
+            unit="percentunit",
+            threshold=names.WAIT_CAUSED_LIMIT,
+        )
+    )
+    board.with_panel(
+        kit.series(
+            "Collective seconds per step",
+            "Seconds each rank spends inside collectives per step, all ops together "
+            "(training_run_rank:collective_duration_seconds:per_step5m, 5 min): the victims of "
+            "a straggler wait here, the straggler's own line is the lowest.",
+            [kit.prom(kit.gauge(names.COLLECTIVE_PER_STEP, s), RANK_LEGEND)],
+        )
+    )
+    board.with_panel(
+        kit.series(
             "Per-rank p99 step time",
             "Every rank's own p99; the slowest line is the straggler.",
             [kit.prom(kit.per_rank_quantile(0.99, names.STEP, s), RANK_LEGEND)],
@@ -161,8 +186,8 @@ def build() -> dash.Dashboard:
     board = kit.new_dashboard(
         UID,
         "otel-train / Ranks and stragglers",
-        "Per-rank step-time heatmap, max/median skew, the slowest ranks, and per-rank data "
-        "wait against CPU throttling.",
+        "Per-rank step-time heatmap, max/median skew, the collective wait each rank causes "
+        "the others, the slowest ranks, and per-rank data wait against CPU throttling.",
     )
     for variable in kit.kubernetes_variables():
         board.with_variable(variable)
