@@ -142,7 +142,7 @@ def main() -> None:
         out["hang"] = hang(run_dir(root, "hang"), slow)
     out["overhead"] = {r["rank"]: {k: r["modes"].get("overhead", {}).get(k) for k in
                                    ("ratio_median", "ratio_min", "ratio_max", "median_step_s",
-                                    "dynamo_delta")} for r in results}
+                                    "dynamo_delta", "default", "sampled10")} for r in results}
     out["profile"] = {r["rank"]: {k: r["modes"].get("profile", {}).get(k) for k in
                                   ("otel_overlap", "otel_overlap_unrounded", "hta_overlap_pct",
                                    "comm_kernels", "exposed_comm_s_per_step")} for r in results}
