@@ -32,7 +32,7 @@ from pipeline_fixtures import (
     wait_for,
 )
 
-CONFIGS = ("local", "agent", "gateway")
+CONFIGS = ("local", "agent", "gateway", "replay")
 RELEASE = "v0.161.0"
 # k8sattributesprocessor went stable in that release: its tag there is v1.0.0
 STABLE_IN_RELEASE = {
