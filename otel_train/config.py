@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 EXPORTERS = ("auto", "otlp", "file", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+COLLECTIVE_SPANS = ("all", "summary")
 _SAMPLERS = (
     "always_on",
     "always_off",
@@ -85,6 +86,9 @@ class Config:
     stall_timeout_s: float = 60.0
     #: how often the NCCL flight recorder is read (a whole-buffer dump: keep it rare)
     nccl_harvest_interval_s: float = 5.0
+    #: "all": a span per collective of a sampled step; "summary": one per (phase, op, group)
+    #: of a step, plus the stalled, failed, unfinished and slow ones on their own
+    collective_spans: str = "all"
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -211,6 +215,9 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "nccl_harvest_interval_s": _parse(env, "OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S",
                                           _positive_float, d.nccl_harvest_interval_s,
                                           "a positive number of seconds"),
+        "collective_spans": _parse(env, "OTEL_TRAIN_COLLECTIVE_SPANS",
+                                   _choice(COLLECTIVE_SPANS), d.collective_spans,
+                                   f"one of {', '.join(COLLECTIVE_SPANS)}"),
         "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
                               "true or false"),
         "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,
@@ -243,6 +250,9 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     if unknown:
         raise TypeError(f"unknown otel-train setting(s): {', '.join(sorted(unknown))}")
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if values.get("collective_spans", "all") not in COLLECTIVE_SPANS:
+        raise ValueError(f"collective_spans must be one of {', '.join(COLLECTIVE_SPANS)}, "
+                         f"not {values['collective_spans']!r}")
     if "output_dir" in values:
         values["output_dir"] = Path(values["output_dir"])
     if values.get("profile_dir") is not None:

@@ -81,6 +81,12 @@ ATTR_COLLECTIVE_SOURCE = "collective.source"
 ATTR_COLLECTIVE_COMPLETED = "collective.completed"
 #: GPU time from the NCCL flight recorder (TORCH_NCCL_ENABLE_TIMING=1), seconds
 ATTR_COLLECTIVE_GPU_DURATION = "collective.gpu_duration_s"
+#: summary spans (OTEL_TRAIN_COLLECTIVE_SPANS=summary): one span per (phase, op, group) of a
+#: step standing for ``collective.count`` collectives; bytes and gpu_duration_s are sums,
+#: total_s the sum of their issue-to-completion times, seq the first and seq_last the last
+ATTR_COLLECTIVE_COUNT = "collective.count"
+ATTR_COLLECTIVE_TOTAL_S = "collective.total_s"
+ATTR_COLLECTIVE_SEQ_LAST = "collective.seq_last"
 EVENT_COLLECTIVE_STALLED = "collective.stalled"
 LOG_COLLECTIVE_STALLED = "otel_train.collective_stalled"
 #: values of collective.op (bounded: metric attribute)

@@ -229,6 +229,42 @@ def test_fsdp2_compiled_gathers_in_forward_and_backward_reduce_scatters_in_backw
 
 
 @pytest.mark.slow
+def test_summary_spans_stand_for_every_collective_of_the_step(tmp_path):
+    """OTEL_TRAIN_COLLECTIVE_SPANS=summary: one span per (phase, op, group) of a step whose
+    count and bytes add up to exactly the collectives the default mode shows one by one."""
+    run_dir = _train(tmp_path, "fsdp2", steps=3, backend="aot_eager",
+                     OTEL_TRAIN_COLLECTIVE_SPANS="summary")
+    colls, by_id = _collectives(run_dir)
+    units = _param_bytes(world=2)
+    count_of = semconv.ATTR_COLLECTIVE_COUNT
+    for rank in (0, 1):
+        for op, expected in (("all_gather", [*units.values(), units["0"], units["2"]]),
+                             ("reduce_scatter", list(units.values()))):
+            for step in range(3):
+                mine = [s["attrs"] for s in colls if s["attrs"][semconv.ATTR_RANK] == rank
+                        and s["attrs"][semconv.ATTR_STEP] == step
+                        and s["attrs"][semconv.ATTR_COLLECTIVE_OP] == op]
+                assert sum(a.get(count_of, 1) for a in mine) == len(expected), mine
+                assert sum(a[semconv.ATTR_COLLECTIVE_BYTES] for a in mine) == sum(expected)
+                assert len(mine) < len(expected), mine  # fewer spans than collectives
+    summaries = [s for s in colls if s["attrs"].get(count_of, 1) > 1]
+    assert summaries
+    for span in summaries:
+        a = span["attrs"]
+        assert a[semconv.ATTR_COLLECTIVE_SEQ_LAST] >= a[semconv.ATTR_COLLECTIVE_SEQ]
+        assert 0 < a[semconv.ATTR_COLLECTIVE_TOTAL_S] and a[semconv.ATTR_COLLECTIVE_BUS_BW] > 0
+        assert int(span["startTimeUnixNano"]) < int(span["endTimeUnixNano"])
+    assert _parents(colls, by_id, "all_gather") == {semconv.SPAN_FORWARD, semconv.SPAN_BACKWARD}
+    assert _parents(colls, by_id, "reduce_scatter") == {semconv.SPAN_BACKWARD}
+    # the report counts collectives, not spans
+    from otel_train.analysis.build import build_report
+
+    rows = {row.op: row for row in build_report(run_dir).collectives}
+    assert rows["all_gather"].count == 2 * 3 * 5 and rows["reduce_scatter"].count == 2 * 3 * 3
+    _assert_metrics(run_dir, 2)
+
+
+@pytest.mark.slow
 def test_fsdp1_four_ranks_gathers_and_reduce_scatters_the_flat_parameter(tmp_path):
     run_dir = _train(tmp_path, "fsdp1", ranks=4, steps=2)
     colls, by_id = _collectives(run_dir)

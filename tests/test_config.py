@@ -52,6 +52,7 @@ def test_arguments_override_the_environment():
     ("OTEL_TRAIN_CAPTURE_LOGS", "maybe", "capture_logs", True),
     ("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", "0", "shutdown_timeout_s", 10.0),
     ("OTEL_TRACES_SAMPLER", "sometimes", "sampler_name", "parentbased_always_on"),
+    ("OTEL_TRAIN_COLLECTIVE_SPANS", "some", "collective_spans", "all"),
 ])
 def test_a_bad_value_gives_one_warning_and_the_default(name, value, field, default):
     with pytest.warns(ConfigWarning) as caught:
@@ -75,3 +76,10 @@ def test_good_values_give_no_warning():
 def test_an_unknown_argument_is_a_programming_error():
     with pytest.raises(TypeError, match="queue_sise"):
         config.load({}, queue_sise=3)
+
+
+def test_collective_span_mode_from_environment_and_argument():
+    assert config.load({"OTEL_TRAIN_COLLECTIVE_SPANS": "Summary"}).collective_spans == "summary"
+    assert config.load({}, collective_spans="summary").collective_spans == "summary"
+    with pytest.raises(ValueError, match="collective_spans must be one of all, summary"):
+        config.load({}, collective_spans="few")

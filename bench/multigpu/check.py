@@ -42,12 +42,15 @@ def traces(d: Path, world: int) -> dict[str, Any]:
     per_op: dict[str, dict[str, Any]] = {}
     for op in sorted({s.attributes.get(sc.ATTR_COLLECTIVE_OP) for s in colls}):
         mine = [s for s in colls if s.attributes.get(sc.ATTR_COLLECTIVE_OP) == op]
-        gpu = [s.attributes[sc.ATTR_COLLECTIVE_GPU_DURATION] for s in mine
+        single = [s for s in mine if int(s.attributes.get(sc.ATTR_COLLECTIVE_COUNT, 1)) == 1]
+        gpu = [s.attributes[sc.ATTR_COLLECTIVE_GPU_DURATION] for s in single
                if sc.ATTR_COLLECTIVE_GPU_DURATION in s.attributes]
-        bus = [s.attributes[sc.ATTR_COLLECTIVE_BUS_BW] for s in mine
+        bus = [s.attributes[sc.ATTR_COLLECTIVE_BUS_BW] for s in single
                if sc.ATTR_COLLECTIVE_BUS_BW in s.attributes]
         per_op[str(op)] = {
-            "spans": len(mine), "with_gpu_duration": len(gpu), "with_bus_bw": len(bus),
+            "spans": len(mine), "summary_spans": len(mine) - len(single),
+            "collectives": sum(int(s.attributes.get(sc.ATTR_COLLECTIVE_COUNT, 1)) for s in mine),
+            "with_gpu_duration": len(gpu), "with_bus_bw": len(bus),
             "sources": sorted({str(s.attributes.get(sc.ATTR_COLLECTIVE_SOURCE)) for s in mine}),
             "bytes_median": statistics.median(s.attributes.get(sc.ATTR_COLLECTIVE_BYTES, 0)
                                               for s in mine),
@@ -142,7 +145,8 @@ def main() -> None:
         out["hang"] = hang(run_dir(root, "hang"), slow)
     out["overhead"] = {r["rank"]: {k: r["modes"].get("overhead", {}).get(k) for k in
                                    ("ratio_median", "ratio_min", "ratio_max", "median_step_s",
-                                    "dynamo_delta", "default", "sampled10")} for r in results}
+                                    "dynamo_delta", "default", "sampled10", "summary")}
+                       for r in results}
     out["profile"] = {r["rank"]: {k: r["modes"].get("profile", {}).get(k) for k in
                                   ("otel_overlap", "otel_overlap_unrounded", "hta_overlap_pct",
                                    "comm_kernels", "exposed_comm_s_per_step")} for r in results}

@@ -111,6 +111,8 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
 
     def instrument(self, mode: str, **settings: Any) -> Any:
+        if self.args.collective_spans and not mode.startswith("overhead"):
+            settings.setdefault("collective_spans", self.args.collective_spans)
         return otel_train.instrument(self.model, optimizer=self.opt,
                                      output_dir=self.out / mode, console_log_level="warning",
                                      tokens_per_step=self.cfg.batch * self.cfg.seq,
@@ -196,6 +198,7 @@ class Trainer:
     ARMS: dict[str, dict[str, Any]] = {
         "default": {},  # every step sampled (gateway tail sampling decides what is kept)
         "sampled10": {"sampler_name": "parentbased_traceidratio", "sampler_arg": 0.1},
+        "summary": {"collective_spans": "summary"},  # every step, a span per (phase, op)
     }
 
     def overhead(self) -> dict[str, Any]:
@@ -329,6 +332,8 @@ def main() -> None:
     parser.add_argument("--pg-timeout-s", type=float, default=60.0)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--overhead-steps", type=int, default=20)
+    parser.add_argument("--collective-spans", choices=("all", "summary"), default=None,
+                        help="OTEL_TRAIN_COLLECTIVE_SPANS for every mode but overhead")
     parser.add_argument("--overhead-arms", default="default,sampled10",
                         help="instrumented arms, from Trainer.ARMS")
     parser.add_argument("--dim", type=int, default=1024)

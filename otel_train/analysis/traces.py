@@ -63,13 +63,16 @@ class CollectiveTally:
     bw_max: float = 0.0
 
     def add(self, span: Span) -> None:
-        self.count += 1
-        self.total_s += span.duration_s
-        self.bytes += int(span.attributes.get(sc.ATTR_COLLECTIVE_BYTES, 0))
-        bw = span.attributes.get(sc.ATTR_COLLECTIVE_BUS_BW)
+        """One collective's span, or a summary span of ``collective.count`` of them."""
+        attrs = span.attributes
+        count = int(attrs.get(sc.ATTR_COLLECTIVE_COUNT, 1))
+        self.count += count
+        self.total_s += float(attrs.get(sc.ATTR_COLLECTIVE_TOTAL_S, span.duration_s))
+        self.bytes += int(attrs.get(sc.ATTR_COLLECTIVE_BYTES, 0))
+        bw = attrs.get(sc.ATTR_COLLECTIVE_BUS_BW)
         if bw is not None:
-            self.bw_sum += float(bw)
-            self.bw_count += 1
+            self.bw_sum += float(bw) * count
+            self.bw_count += count
             self.bw_max = max(self.bw_max, float(bw))
 
 

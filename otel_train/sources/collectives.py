@@ -38,6 +38,10 @@ from otel_train.sources.collectives_nccl import FlightRecorder
 from otel_train.sources.stall import StallWatch
 
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
+#: summary mode: a collective this much slower than its group's median (and over
+#: ``_SLOW_MIN_S``) keeps its own span beside the group's summary
+_SLOW_FACTOR = 4.0
+_SLOW_MIN_S = 0.005
 #: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
 ENV_PG_HOOKS = "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"
 _MIN_TORCH = (2, 6)
@@ -164,6 +168,7 @@ class Ledger:
         emitter.on_tick(self.tick)
         self.log = ctx.log
         self.errors = 0
+        self.summary = ctx.config.collective_spans == "summary"
 
     def _guarded(self, listener: Any) -> Any:
         """A step listener that raises would cost the whole step its telemetry: contain it."""
@@ -288,9 +293,68 @@ class Ledger:
 
     def on_step(self, info: Any) -> None:
         colls = self._for_spans.pop(info.step, [])
-        if info.sampled:
-            for coll in colls:
-                self._span(coll, info)
+        if not info.sampled:
+            return
+        if self.summary:
+            self._summaries(colls, info)
+            return
+        for coll in colls:
+            self._span(coll, info)
+
+    def _summaries(self, colls: list[Collective], info: Any) -> None:
+        """One span per (parent phase, op, group, backend, source) of the step's collectives;
+        the stalled, failed, unfinished and slow ones keep their own spans as well."""
+        groups: dict[tuple[Any, ...], list[Collective]] = {}
+        parents: dict[int, Any] = {}
+        for coll in colls:
+            parent = self._parent(coll, info)
+            parents[parent.span_id] = parent
+            key = (parent.span_id, coll.op, coll.group, coll.backend, coll.source)
+            groups.setdefault(key, []).append(coll)
+        for (parent_id, *_), members in groups.items():
+            seconds = sorted(c.seconds() for c in members)
+            slow = max(_SLOW_MIN_S, _SLOW_FACTOR * seconds[len(seconds) // 2])
+            rest = []
+            for coll in members:
+                if coll.stalled_at or coll.error or coll.done is None or coll.seconds() > slow:
+                    self._span(coll, info)  # on its own: what someone will want to open
+                else:
+                    rest.append(coll)
+            if len(rest) == 1:
+                self._span(rest[0], info)
+            elif rest:
+                self._summary_span(rest, parents[parent_id], info)
+
+    def _summary_span(self, members: list[Collective], parent: Any, info: Any) -> None:
+        first = min(members, key=lambda c: c.issue)
+        done = [c.done for c in members if c.done is not None]
+        end = max(done) if done else first.issue
+        nbytes = sum(c.nbytes for c in members)
+        wall_s = sum(max(0, (c.done or c.issue) - c.issue) for c in members) / 1e9
+        gpu = [c.gpu_duration_s for c in members if c.gpu_duration_s is not None]
+        dtypes = {c.dtype for c in members}
+        attrs: dict[str, Any] = {
+            **self.base, semconv.ATTR_STEP: info.step,
+            semconv.ATTR_COLLECTIVE_OP: first.op, semconv.ATTR_COLLECTIVE_BACKEND: first.backend,
+            semconv.ATTR_COLLECTIVE_BYTES: nbytes,
+            semconv.ATTR_COLLECTIVE_GROUP_SIZE: first.group_size,
+            semconv.ATTR_COLLECTIVE_SEQ: min(c.seq for c in members),
+            semconv.ATTR_COLLECTIVE_SEQ_LAST: max(c.seq for c in members),
+            semconv.ATTR_COLLECTIVE_DTYPE: first.dtype if len(dtypes) == 1 else "mixed",
+            semconv.ATTR_COLLECTIVE_GROUP: first.group, semconv.ATTR_COLLECTIVE_API: first.api,
+            semconv.ATTR_COLLECTIVE_ASYNC: any(c.async_op for c in members),
+            semconv.ATTR_COLLECTIVE_SOURCE: first.source,
+            semconv.ATTR_COLLECTIVE_COUNT: len(members),
+            semconv.ATTR_COLLECTIVE_TOTAL_S: wall_s,
+        }
+        busy_s = sum(c.seconds() for c in members)
+        bus = cmath.bus_bandwidth_gbps(first.op, nbytes, busy_s, first.group_size)
+        if bus is not None:
+            attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
+        if gpu:
+            attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = sum(gpu)
+        self.emitter.span(semconv.SPAN_COLLECTIVE, parent, first.issue + self.offset,
+                          end + self.offset, attrs)
 
     # --- output ----------------------------------------------------------------------
     def _metrics(self, coll: Collective, info: Any | None) -> None:
