@@ -119,6 +119,8 @@ METRIC_TELEMETRY_DROPPED = "otel_train.telemetry.dropped"
 SIGNAL_SPANS = "spans"
 SIGNAL_METRICS = "metrics"
 SIGNAL_LOGS = "logs"
+#: NCCL flight-recorder entries overwritten in its ring buffer before otel-train read them
+SIGNAL_NCCL_ENTRIES = "nccl_entries"
 
 #: Prometheus names of the contract's metrics as prometheus-client and the collector's
 #: Prometheus exporter write them (histograms add _bucket/_sum/_count, counters _total).

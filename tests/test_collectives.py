@@ -391,3 +391,25 @@ def test_stall_timeout_setting(value, expected, warns):
 
 if __name__ == "__main__":
     _main()
+
+
+def test_the_flight_recorder_read_interval_follows_the_rate_of_collectives():
+    from otel_train.sources.collectives_nccl import read_interval_s
+
+    # 2000 entries filling at 470 a second (FSDP on 2 H200s): read before 60% of it is used
+    assert read_interval_s(5.0, 2000, 470.0) == pytest.approx(0.6 * 2000 / 470)
+    assert read_interval_s(5.0, 2000, 10.0) == 5.0  # slow jobs keep the configured interval
+    assert read_interval_s(5.0, 64, 1e5) == 0.25  # never below the floor: reads cost
+    assert read_interval_s(5.0, 0, 470.0) == 5.0 and read_interval_s(5.0, 2000, 0.0) == 5.0
+
+
+def test_the_flight_recorder_size_reads_its_new_name_first(monkeypatch):
+    from otel_train.sources.collectives_nccl import buffer_size
+
+    monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
+    monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)
+    assert buffer_size() == 2000
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")
+    assert buffer_size() == 500
+    monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "64")
+    assert buffer_size() == 64

@@ -39,7 +39,7 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Repor
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
     spans = _spans_by_step(run_dir, traces, slowest, run_id)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
-        spans.get(step, []), phase))
+        spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])))
     lag = st.straggler(table, by_rank, _wait_shares(metrics))
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
@@ -108,6 +108,18 @@ def _phase_starts(spans: list[Span], phase: str) -> dict[int, int]:
             rank = _rank(span)
             starts[rank] = min(starts.get(rank, span.start_ns), span.start_ns)
     return starts
+
+
+def _collective_s(spans: list[Span]) -> dict[int, float]:
+    """Each rank's seconds in one step's collectives (GPU time where the span has it)."""
+    out: dict[int, float] = {}
+    for span in spans:
+        if span.name == sc.SPAN_COLLECTIVE:
+            attrs = span.attributes
+            seconds = attrs.get(sc.ATTR_COLLECTIVE_GPU_DURATION,
+                                attrs.get(sc.ATTR_COLLECTIVE_TOTAL_S, span.duration_s))
+            out[_rank(span)] = out.get(_rank(span), 0.0) + float(seconds)
+    return out
 
 
 def _rank(span: Span) -> int:

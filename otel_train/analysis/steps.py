@@ -68,16 +68,22 @@ def typical_phase_s(table: StepTable) -> dict[str, float]:
 
 
 PhaseStarts = Callable[[int, str], dict[int, int]]
+CollectiveSeconds = Callable[[int], dict[int, float]]
 
 
 def slow_steps(table: StepTable, durations: dict[int, float], top: int,
-               phase_starts: PhaseStarts | None = None) -> list[SlowStep]:
+               phase_starts: PhaseStarts | None = None,
+               collective_s: CollectiveSeconds | None = None) -> list[SlowStep]:
     """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical.
 
     ``phase_starts(step, phase)`` gives each rank's start of that phase (epoch ns) from the
     step's spans: when the blamed rank started the phase well before another rank, it was
     waiting inside it (a collective with no exposed_comm recorded), so the late rank is blamed
-    instead, for what it did before it got there.
+    instead, for what it did before it got there. ``collective_s(step)`` gives each rank's
+    seconds in the step's collectives: on NCCL a rank that waits for a late one does so inside
+    its collectives' GPU time (its forward or backward runs long on the GPU while its start
+    times look normal), so when the blamed rank spent at least half its excess more in
+    collectives than the rank that spent least, that rank is the late one and is blamed.
     """
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
     wanted = set(slowest)
@@ -91,6 +97,8 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
         excess, index, phase = _worst(table, rows.get(step, []), typical)
         late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
                            if phase_starts and index is not None else {})
+        if late is None and collective_s is not None and index is not None:
+            late = _waited_in_collectives(table.ranks[index], excess, collective_s(step))
         if late is not None:
             late_rows = [i for i in rows[step] if table.ranks[i] == late]
             excess, index, phase = _worst(table, late_rows, typical, skip=phase)
@@ -117,6 +125,13 @@ def _waited_for(table: StepTable, index: int | None, phase: str, excess: float,
     late = max(starts, key=lambda r: starts[r])
     lag_s = (starts[late] - starts[rank]) / 1e9
     return late if late != rank and lag_s >= 0.5 * excess else None
+
+
+def _waited_in_collectives(rank: int, excess: float, seconds: dict[int, float]) -> int | None:
+    if len(seconds) < 2 or rank not in seconds or excess <= 0:
+        return None
+    least = min(seconds, key=lambda r: seconds[r])
+    return least if least != rank and seconds[rank] - seconds[least] >= 0.5 * excess else None
 
 
 def _slow_step(table: StepTable, step: int, duration: float, index: int | None,

@@ -34,7 +34,7 @@ from otel_train.sources.collectives_capture import (
     WORK,
     Capture,
 )
-from otel_train.sources.collectives_nccl import FlightRecorder
+from otel_train.sources.collectives_nccl import FlightRecorder, buffer_size, read_interval_s
 from otel_train.sources.stall import StallWatch
 
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
@@ -146,7 +146,14 @@ class Ledger:
         # step time. So it is read every ``nccl_harvest_interval_s``, and finished steps wait
         # (held by the emitter, at most 64) for the first read after them, so their exposed
         # communication still counts their NCCL collectives.
-        self._harvest_interval_ns = int(ctx.config.nccl_harvest_interval_s * 1e9)
+        # The ring buffer overwrites its oldest entries: read before it fills (the interval
+        # shortens to the rate of collectives seen), and count what was lost anyway.
+        self._configured_interval_s = ctx.config.nccl_harvest_interval_s
+        # the first interval is short: the rate is unknown until two reads
+        self._harvest_interval_ns = int(min(1.0, self._configured_interval_s) * 1e9)
+        self._buffer = buffer_size()
+        self._last_read: tuple[int, int] | None = None  # (perf ns, highest record id)
+        self.lost = 0
         self._harvests = 0
         self._offered: dict[int, int] = {}
         if self.flight_recorder is not None:
@@ -231,7 +238,10 @@ class Ledger:
         assert self.flight_recorder is not None
         self._harvested_at = time.perf_counter_ns()
         self._harvests += 1
-        for entry in self.flight_recorder.poll():
+        fr = self.flight_recorder
+        entries = fr.poll()
+        self._account_for_the_ring(fr)
+        for entry in entries:
             key = -1 - int(entry["record_id"])
             coll = self.pending.get(key)
             if coll is None:
@@ -254,6 +264,32 @@ class Ledger:
             coll.done = (int(completed) - self.offset if completed
                          else coll.issue + int((coll.gpu_duration_s or 0) * 1e9))
             self._finish(coll)
+
+    def _account_for_the_ring(self, fr: FlightRecorder) -> None:
+        """Drop what the ring overwrote before it finished (never a stall: it completed, we
+        cannot know when), count it with what was never seen, and adapt the read interval."""
+        lost, fr.unseen = fr.unseen, 0
+        if fr.lowest is not None:
+            gone = [k for k, c in self.pending.items()
+                    if c.source == "nccl_flight_recorder" and -1 - k < fr.lowest]
+            for key in gone:
+                del self.pending[key]
+            lost += len(gone)
+        if lost:
+            self.lost += lost
+            self.emitter.pipeline.dropped[semconv.SIGNAL_NCCL_ENTRIES] += lost
+            if self.lost == lost:  # the first time
+                self.log.warning(
+                    "otel_train.nccl_flight_recorder_overflow", lost=lost, buffer=self._buffer,
+                    hint="raise TORCH_FR_BUFFER_SIZE (entries overwritten before a read are "
+                         "lost); the read interval now follows the rate of collectives")
+        now = time.perf_counter_ns()
+        if fr.highest is not None:
+            if self._last_read is not None and now > self._last_read[0]:
+                rate = (fr.highest - self._last_read[1]) / ((now - self._last_read[0]) / 1e9)
+                self._harvest_interval_ns = int(1e9 * read_interval_s(
+                    self._configured_interval_s, self._buffer, rate))
+            self._last_read = (now, fr.highest)
 
     def _read_since(self, step: int) -> bool:
         """Emitter gate: has the flight recorder been read since this step was finished?"""

@@ -93,14 +93,25 @@ def nccl_groups() -> list[Any]:
 
 
 def buffer_size() -> int:
-    """TORCH_NCCL_TRACE_BUFFER_SIZE as the process group read it (2000 from torch 2.11)."""
-    raw = os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")
+    """The flight recorder's ring size as the process group read it: TORCH_FR_BUFFER_SIZE,
+    else its older name TORCH_NCCL_TRACE_BUFFER_SIZE (2000 from torch 2.11)."""
+    raw = os.environ.get("TORCH_FR_BUFFER_SIZE", os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"))
     if raw is None:
         return 2000
     try:
         return int(raw)
     except ValueError:
         return 0
+
+
+def read_interval_s(configured_s: float, buffer: int, entries_per_s: float,
+                    fill_share: float = 0.6, floor_s: float = 0.25) -> float:
+    """How long to wait before the next read: ``configured_s``, shortened so that the ring
+    buffer fills at most ``fill_share`` between reads at the rate seen (entries overwritten
+    before a read are lost), never below ``floor_s`` (each read dumps the whole buffer)."""
+    if buffer <= 0 or entries_per_s <= 0:
+        return configured_s
+    return max(floor_s, min(configured_s, fill_share * buffer / entries_per_s))
 
 
 def op_of(profiling_name: str) -> str:
@@ -162,6 +173,12 @@ class FlightRecorder:
         self.skipped = 0
         self.last_error = ""
         self.seen_keys: list[str] = []
+        #: record ids of the last dump (None before one had entries); entries below
+        #: ``lowest`` are gone from the ring
+        self.lowest: int | None = None
+        self.highest: int | None = None
+        #: entries overwritten before any read saw them (gaps in the record ids)
+        self.unseen = 0
 
     def available(self) -> bool:
         return self._dump is not None and buffer_size() > 0 and bool(nccl_groups())
@@ -196,6 +213,11 @@ class FlightRecorder:
                 out.append(item)
         if lowest is not None:  # forget what the ring buffer has overwritten
             self._finalized = {r for r in self._finalized if r >= lowest}
+            if self.highest is not None and lowest > self.highest + 1:
+                self.unseen += lowest - self.highest - 1
+            self.lowest = lowest
+            self.highest = max(int(e.get("record_id", lowest)) for e in entries
+                               if isinstance(e, dict) and "record_id" in e)
         return out
 
     def _entry(self, entry: Any, sizes: dict[str, int]) -> Any:
