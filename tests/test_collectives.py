@@ -396,10 +396,11 @@ if __name__ == "__main__":
 def test_the_flight_recorder_read_interval_follows_the_rate_of_collectives():
     from otel_train.sources.collectives_nccl import read_interval_s
 
-    # 2000 entries filling at 470 a second (FSDP on 2 H200s): read before 60% of it is used
-    assert read_interval_s(5.0, 2000, 470.0) == pytest.approx(0.6 * 2000 / 470)
-    assert read_interval_s(5.0, 2000, 10.0) == 5.0  # slow jobs keep the configured interval
-    assert read_interval_s(5.0, 64, 1e5) == 0.25  # never below the floor: reads cost
+    # 2000 entries filling at 685 a second (FSDP on 2 H200s): read before 80% of it is used,
+    # a tick early (reads happen on the emitter's ticks)
+    assert read_interval_s(5.0, 2000, 685.0, 0.2) == pytest.approx(0.8 * 2000 / 685 - 0.2)
+    assert read_interval_s(5.0, 2000, 10.0, 0.2) == 5.0  # slow jobs keep the configured one
+    assert read_interval_s(5.0, 64, 1e5, 0.2) == 0.25  # never below the floor: reads cost
     assert read_interval_s(5.0, 0, 470.0) == 5.0 and read_interval_s(5.0, 2000, 0.0) == 5.0
 
 

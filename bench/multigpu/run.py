@@ -147,9 +147,11 @@ class Trainer:
                 slept.append(i)
                 time.sleep(self.args.sleep_s)
 
-        with self.instrument("straggler"):
+        with self.instrument("straggler") as inst:
             per_step = self.block(0, self.args.straggler_steps, maybe_sleep)
+            diag = flight_recorder_diagnostics(inst)
         return {"step_s": per_step, "slept_steps": slept, "slow_rank": self.args.slow_rank,
+                "flight_recorder": diag,
                 "sleep_s": self.args.sleep_s,
                 "run_dir": str(run_dir_of(self.out / "straggler"))}
 
@@ -165,9 +167,11 @@ class Trainer:
                 for _ in range(self.args.extra_matmuls):
                     torch.mm(x, x)
 
-        with self.instrument("straggler_gpu"):
+        with self.instrument("straggler_gpu") as inst:
             per_step = self.block(0, self.args.straggler_steps, maybe_work)
+            diag = flight_recorder_diagnostics(inst)
         return {"step_s": per_step, "slowed_steps": slowed, "slow_rank": self.args.slow_rank,
+                "flight_recorder": diag,
                 "extra_matmuls": self.args.extra_matmuls,
                 "run_dir": str(run_dir_of(self.out / "straggler_gpu"))}
 
@@ -288,6 +292,10 @@ def flight_recorder_diagnostics(inst: Any) -> dict[str, Any]:
             ledger = source.ledger
             fr = getattr(ledger, "flight_recorder", None) if ledger is not None else None
             return {"mechanisms": list(source.mechanisms),
+                    "reads": getattr(ledger, "reads", None),
+                    "read_s": getattr(ledger, "read_s", None),
+                    "lost": getattr(ledger, "lost", None),
+                    "shortest_interval_s": getattr(ledger, "shortest_interval_s", None),
                     "flight_recorder": None if fr is None else {
                         "errors": fr.errors, "skipped": fr.skipped,
                         "last_error": fr.last_error, "seen_keys": fr.seen_keys}}

@@ -153,7 +153,14 @@ class Ledger:
         self._harvest_interval_ns = int(min(1.0, self._configured_interval_s) * 1e9)
         self._buffer = buffer_size()
         self._last_read: tuple[int, int] | None = None  # (perf ns, highest record id)
+        self._rate = 0.0  # entries a second, the recent peak (halving at each quiet read)
+        self._tick_s = ctx.config.emit_interval_s
         self.lost = 0
+        self.reads = 0
+        self.read_s = 0.0  # seconds spent reading the flight recorder (dump, parse, book)
+        self.shortest_interval_s = self._harvest_interval_ns / 1e9
+        if self.flight_recorder is not None:
+            self.flight_recorder.baseline()
         self._harvests = 0
         self._offered: dict[int, int] = {}
         if self.flight_recorder is not None:
@@ -236,8 +243,15 @@ class Ledger:
 
     def _harvest(self) -> None:
         assert self.flight_recorder is not None
-        self._harvested_at = time.perf_counter_ns()
+        self._harvested_at = started = time.perf_counter_ns()
         self._harvests += 1
+        try:
+            self._read_flight_recorder()
+        finally:
+            self.reads += 1
+            self.read_s += (time.perf_counter_ns() - started) / 1e9
+
+    def _read_flight_recorder(self) -> None:
         fr = self.flight_recorder
         entries = fr.poll()
         self._account_for_the_ring(fr)
@@ -287,8 +301,11 @@ class Ledger:
         if fr.highest is not None:
             if self._last_read is not None and now > self._last_read[0]:
                 rate = (fr.highest - self._last_read[1]) / ((now - self._last_read[0]) / 1e9)
-                self._harvest_interval_ns = int(1e9 * read_interval_s(
-                    self._configured_interval_s, self._buffer, rate))
+                self._rate = max(rate, self._rate / 2)  # bursts come back: forget slowly
+                interval_s = read_interval_s(self._configured_interval_s, self._buffer,
+                                             self._rate, self._tick_s)
+                self._harvest_interval_ns = int(1e9 * interval_s)
+                self.shortest_interval_s = min(self.shortest_interval_s, interval_s)
             self._last_read = (now, fr.highest)
 
     def _read_since(self, step: int) -> bool:

@@ -105,13 +105,15 @@ def buffer_size() -> int:
 
 
 def read_interval_s(configured_s: float, buffer: int, entries_per_s: float,
-                    fill_share: float = 0.6, floor_s: float = 0.25) -> float:
+                    tick_s: float = 0.0, fill_share: float = 0.8, floor_s: float = 0.25
+                    ) -> float:
     """How long to wait before the next read: ``configured_s``, shortened so that the ring
     buffer fills at most ``fill_share`` between reads at the rate seen (entries overwritten
-    before a read are lost), never below ``floor_s`` (each read dumps the whole buffer)."""
+    before a read are lost; reads happen on the emitter's ticks, up to ``tick_s`` late), never
+    below ``floor_s`` (each read dumps the whole buffer)."""
     if buffer <= 0 or entries_per_s <= 0:
         return configured_s
-    return max(floor_s, min(configured_s, fill_share * buffer / entries_per_s))
+    return max(floor_s, min(configured_s, fill_share * buffer / entries_per_s - tick_s))
 
 
 def op_of(profiling_name: str) -> str:
@@ -182,6 +184,19 @@ class FlightRecorder:
 
     def available(self) -> bool:
         return self._dump is not None and buffer_size() > 0 and bool(nccl_groups())
+
+    def baseline(self) -> None:
+        """Learn the newest record id before instrumentation, so that entries overwritten
+        before the first read are counted too (one whole-buffer read, at start)."""
+        try:
+            entries = (self._dump() or {}).get("entries") or []
+            ids = [int(e["record_id"]) for e in entries if isinstance(e, dict)
+                   and "record_id" in e]
+        except Exception as err:  # torch's format, not ours
+            self.errors += 1
+            self.last_error = repr(err)[:300]
+            return
+        self.highest = max(ids) if ids else -1
 
     def poll(self) -> list[dict[str, Any]]:
         """New or unfinished entries, each with ``op``, ``nbytes``, ``group_size``, ``group``
