@@ -11,7 +11,8 @@ Only ``torch._C._distributed_c10d._dump_nccl_trace`` (pickle, read first: cheape
 JSON twin ``_dump_nccl_trace_json`` holds NCCL entries (the generic ``_dump_fr_trace*`` does
 not). Each poll reads the whole buffer (bounded by its size) and keeps what it has not
 finalized yet, by ``record_id``. The ring overwrites its oldest entries, so the Ledger reads
-before it fills and counts what was lost anyway (collectives.py). Entries recorded before instrumentation began belong to no step and are skipped.
+before it fills and counts what was lost anyway (collectives.py). Entries recorded before
+instrumentation began belong to no step and are skipped.
 
 The dump's shape is torch's, not ours: a poll that cannot read it, or an entry of an unknown
 shape, is counted and skipped (``errors``, ``skipped``, ``last_error``), never raised; the
