@@ -235,3 +235,14 @@ def test_report_names_the_collective_wait_straggler_over_equal_step_times(tmp_pa
     assert report.straggler_wait_rank == 1 and report.straggler_wait_share > 0.05
     out = straggler_lines(report)
     assert out and out[0].startswith("straggler: rank 1: the other ranks wait for it")
+
+
+def test_a_slow_step_spent_waiting_in_collectives_is_blamed_on_the_rank_that_did_not_wait():
+    # rank 0's forward ran 0.3 s over typical, and 0.28 s more of its step went to
+    # collectives than rank 1's: it waited for rank 1, which is blamed instead
+    assert st._waited_in_collectives(0, 0.3, {0: 0.30, 1: 0.02}) == 1
+    # the blamed rank waited least itself: it is the late one
+    assert st._waited_in_collectives(1, 0.3, {0: 0.30, 1: 0.02}) is None
+    # a wait much smaller than the excess explains nothing; nor does a lone rank
+    assert st._waited_in_collectives(0, 0.3, {0: 0.10, 1: 0.02}) is None
+    assert st._waited_in_collectives(0, 0.3, {0: 0.30}) is None
