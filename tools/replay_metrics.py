@@ -28,45 +28,36 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from otel_train import semconv  # noqa: E402
+from otel_train.analysis import otlp  # noqa: E402
+
 TIME_KEYS = ("timeUnixNano", "startTimeUnixNano")
 
 
 def metric_files(run_dir: Path) -> list[Path]:
-    files = sorted(run_dir.glob("metrics*.jsonl")) + sorted(run_dir.glob("metrics*.json"))
+    files = otlp.signal_files(run_dir, semconv.METRICS_GLOB)
     if not files:
-        raise SystemExit(f"replay_metrics: no metrics*.jsonl in {run_dir}")
+        raise SystemExit(f"replay_metrics: no {semconv.METRICS_GLOB} in {run_dir}")
     return files
 
 
 def requests(files: list[Path], run_id: str | None = None) -> list[tuple[int, dict[str, Any]]]:
-    """Every export request of the files as (its newest point's time, request), oldest first;
-    with ``run_id``, only resources of that run."""
+    """Every export request of the files (otel-train's reader: torn lines are salvaged) as
+    (its newest point's time, request), oldest first; with ``run_id``, only that run's
+    resources."""
     out = []
-    for path in files:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                request = json.loads(line)
-            except json.JSONDecodeError as err:  # a torn last line of a killed run
-                print(f"replay_metrics: {path.name}:{number} skipped: {err}", file=sys.stderr)
-                continue
-            if run_id is not None:
-                request["resourceMetrics"] = [
-                    rm for rm in request.get("resourceMetrics", ())
-                    if _resource_attr(rm, "training.run.id") == run_id]
-            times = [int(p.get("timeUnixNano", 0)) for p in _points(request)]
-            if times:
-                out.append((max(times), request))
+    for request in otlp.iter_requests(files):
+        if run_id is not None:
+            request["resourceMetrics"] = [
+                entry for entry in request.get("resourceMetrics", ())
+                if str(otlp.decode_attributes(entry.get("resource", {}).get("attributes")).get(
+                    semconv.RES_RUN_ID)) == run_id]
+        times = [int(p.get("timeUnixNano", 0)) for p in _points(request)]
+        if times:
+            out.append((max(times), request))
     out.sort(key=lambda pair: pair[0])
     return out
-
-
-def _resource_attr(resource_metrics: dict[str, Any], key: str) -> str | None:
-    for attr in resource_metrics.get("resource", {}).get("attributes", ()):
-        if attr.get("key") == key:
-            return str(next(iter(attr.get("value", {}).values()), ""))
-    return None
 
 
 def _points(request: dict[str, Any]) -> Iterator[dict[str, Any]]:

@@ -190,13 +190,16 @@ def straggler(table: StepTable, by_rank: dict[int, list[int]],
             slowest_of_step[step] = (busy, table.ranks[index])
     busiest = max(mean_busy, key=lambda r: mean_busy[r])
     typical = median(mean_busy.values())
-    out.busy_ratio = mean_busy[busiest] / typical if typical else None
+
+    def busy_ratio(rank: int) -> float | None:  # None for a rank with no sampled step
+        return mean_busy[rank] / typical if typical and rank in mean_busy else None
+
     if out.wait_share is not None and out.wait_share >= STRAGGLER_WAIT_SHARE:
         out.rank, out.signal = out.wait_rank, SIGNAL_COLLECTIVE_WAIT
-    elif out.busy_ratio is not None and out.busy_ratio >= STRAGGLER_RATIO:
+    elif (busy_ratio(busiest) or 0.0) >= STRAGGLER_RATIO:
         out.rank, out.signal = busiest, SIGNAL_BUSY_TIME
     named = out.rank if out.rank is not None else busiest
-    out.busy_ratio = mean_busy[named] / typical if typical else None
+    out.busy_ratio = busy_ratio(named)
     out.slowest_share = (sum(1 for _, r in slowest_of_step.values() if r == named)
                          / len(slowest_of_step)) if slowest_of_step else None
     return out

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-import urllib.parse
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest
 from otel_train.check import signal_checks
 from otel_train.check.evidence import LogEvidence, RunEvidence, TraceEvidence
+from otel_train.check.http import api_data
 from otel_train.check.model import FAIL, CheckResult
 
 SOURCE = "loki"
@@ -43,12 +42,7 @@ class LokiAPI:
         self.base, self.timeout_s, self.page = base_url.rstrip("/"), timeout_s, page
 
     def get(self, path: str, **params: str) -> Any:
-        url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
-            body = json.load(response)
-        if body.get("status") != "success":
-            raise OSError(f"Loki {path}: {body}")
-        return body["data"]
+        return api_data(self.base, path, params, self.timeout_s, "Loki")
 
     def lines(self, query: str, start_ns: int, end_ns: int
               ) -> Iterator[tuple[int, str, dict[str, str]]]:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.parse
-import urllib.request
 from typing import Any
 
 from otel_train import semconv as sc
+from otel_train.check.http import api_data
 from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS, CheckResult
 
 SOURCE = "prometheus"
@@ -24,12 +22,7 @@ class PrometheusAPI:
         self.base, self.timeout_s = base_url.rstrip("/"), timeout_s
 
     def get(self, path: str, **params: str) -> Any:
-        url = f"{self.base}{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
-            body = json.load(response)
-        if body.get("status") != "success":
-            raise OSError(f"Prometheus {path}: {body.get('error', body)}")
-        return body["data"]
+        return api_data(self.base, path, params, self.timeout_s, "Prometheus")
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         return self.get("/api/v1/query", query=promql)["result"]

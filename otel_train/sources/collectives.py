@@ -161,7 +161,6 @@ class Ledger:
         self.shortest_interval_s = self._harvest_interval_ns / 1e9
         if self.flight_recorder is not None:
             self.flight_recorder.baseline()
-        self._harvests = 0
         self._offered: dict[int, int] = {}
         if self.flight_recorder is not None:
             emitter.hold_steps(self._read_since, max_held=64)
@@ -244,7 +243,6 @@ class Ledger:
     def _harvest(self) -> None:
         assert self.flight_recorder is not None
         self._harvested_at = started = time.perf_counter_ns()
-        self._harvests += 1
         try:
             self._read_flight_recorder()
         finally:
@@ -312,8 +310,8 @@ class Ledger:
         """Emitter gate: has the flight recorder been read since this step was finished?"""
         if len(self._offered) > 256:  # steps the emitter released unasked (over its bound)
             self._offered = {k: v for k, v in self._offered.items() if k > step - 128}
-        first = self._offered.setdefault(step, self._harvests)
-        if self._harvests > first:
+        first = self._offered.setdefault(step, self.reads)
+        if self.reads > first:
             del self._offered[step]
             return True
         return False
@@ -358,13 +356,11 @@ class Ledger:
         """One span per (parent phase, op, group, backend, source) of the step's collectives;
         the stalled, failed, unfinished and slow ones keep their own spans as well."""
         groups: dict[tuple[Any, ...], list[Collective]] = {}
-        parents: dict[int, Any] = {}
         for coll in colls:
-            parent = self._parent(coll, info)
-            parents[parent.span_id] = parent
-            key = (parent.span_id, coll.op, coll.group, coll.backend, coll.source)
+            key = (self._parent(coll, info).span_id, coll.op, coll.group, coll.backend,
+                   coll.source)
             groups.setdefault(key, []).append(coll)
-        for (parent_id, *_), members in groups.items():
+        for members in groups.values():
             seconds = sorted(c.seconds() for c in members)
             slow = max(_SLOW_MIN_S, _SLOW_FACTOR * seconds[len(seconds) // 2])
             rest = []
@@ -376,7 +372,7 @@ class Ledger:
             if len(rest) == 1:
                 self._span(rest[0], info)
             elif rest:
-                self._summary_span(rest, parents[parent_id], info)
+                self._summary_span(rest, self._parent(rest[0], info), info)
 
     def _summary_span(self, members: list[Collective], parent: Any, info: Any) -> None:
         first = min(members, key=lambda c: c.issue)

@@ -230,7 +230,7 @@ class FlightRecorder:
             self.last_error = repr(err)[:300]
             return []
         out = []
-        lowest = None
+        lowest = highest = None
         for entry in entries:
             try:
                 item = self._entry(entry, sizes)
@@ -242,15 +242,14 @@ class FlightRecorder:
                 continue
             rid = item["record_id"]
             lowest = rid if lowest is None else min(lowest, rid)
+            highest = rid if highest is None else max(highest, rid)
             if not isinstance(item, _Final):
                 out.append(item)
         if lowest is not None:  # forget what the ring buffer has overwritten
             self._finalized = {r for r in self._finalized if r >= lowest}
             if self.highest is not None and lowest > self.highest + 1:
                 self.unseen += lowest - self.highest - 1
-            self.lowest = lowest
-            self.highest = max(int(e.get("record_id", lowest)) for e in entries
-                               if isinstance(e, dict) and "record_id" in e)
+            self.lowest, self.highest = lowest, highest
         return out
 
     def _entry(self, entry: Any, sizes: dict[str, int]) -> Any:
