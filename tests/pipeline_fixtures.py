@@ -53,6 +53,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def adjacent_free_ports() -> int:
+    """A port p with p + 1 free too: rank r serves its Prometheus endpoint on p + r."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two adjacent free ports")
+
+
 def wait_for(what: str, probe: Callable[[], T | None], timeout: float,
              interval: float = 0.2, on_timeout: Callable[[], str] | None = None) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""

@@ -26,6 +26,7 @@ from conftest import REPO_ROOT, require_binary
 from pipeline_fixtures import (
     Process,
     Prometheus,
+    adjacent_free_ports,
     free_port,
     http_get,
     http_post_json,
@@ -34,7 +35,6 @@ from pipeline_fixtures import (
     wait_for,
 )
 from report_fixtures import break_rank_sampling, run_demo
-from test_check_pipeline import adjacent_free_ports
 
 from otel_train import semconv as sc
 from otel_train.check.jaeger import ITEMS, JaegerAPI, check_jaeger

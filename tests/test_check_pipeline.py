@@ -20,8 +20,8 @@ from pipeline_fixtures import (
     CONFIGS_DIR,
     Collector,
     Prometheus,
+    adjacent_free_ports,
     collector_binary,
-    free_port,
     prometheus_binary,
     wait_for,
 )
@@ -60,19 +60,6 @@ def demo_env(collector: Collector, workdir: Path, prometheus_port: int) -> dict[
     return env
 
 
-def adjacent_free_ports() -> int:
-    """A port p with p + 1 free too: rank r serves its Prometheus endpoint on p + r."""
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two adjacent free ports")
 
 
 def run_demo(collector: Collector, workdir: Path, run_id: str, rank_port: int) -> None:

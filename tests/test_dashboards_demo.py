@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +17,13 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO_ROOT
-from pipeline_fixtures import Process, Prometheus, free_port, read_spans, wait_for
+from pipeline_fixtures import (
+    Process,
+    Prometheus,
+    adjacent_free_ports,
+    read_spans,
+    wait_for,
+)
 
 sys.path.insert(0, str(REPO_ROOT / "dashboards"))
 from otel_dashboards import queries  # noqa: E402
@@ -29,17 +34,6 @@ RANKS = 2
 STEPS = 300
 
 
-def two_free_ports() -> int:
-    """A port p with p + 1 free too: rank r serves on p + local_rank."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two consecutive free ports")
 
 
 @dataclass
@@ -56,7 +50,7 @@ class DemoRun:
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory) -> Iterator[DemoRun]:
     workdir = tmp_path_factory.mktemp("dash-demo")
-    port = two_free_ports()
+    port = adjacent_free_ports()
     run_id = f"dash-demo-{os.getpid()}"
     prometheus = Prometheus(
         workdir,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -29,8 +28,8 @@ from pipeline_fixtures import (
     CONFIGS_DIR,
     Collector,
     Prometheus,
+    adjacent_free_ports,
     collector_binary,
-    free_port,
     json_lines,
     prometheus_binary,
     read_logs,
@@ -58,17 +57,6 @@ CONTRACT_SERIES = {
 # --- a demo run in the background ----------------------------------------------------------
 
 
-def free_port_pair() -> int:
-    """A port p with p + 1 free too: rank r serves its Prometheus endpoint on p + r."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two adjacent free ports")
 
 
 @dataclass
@@ -224,7 +212,7 @@ def pipeline(tmp_path_factory) -> Pipeline:
     prometheus_binary()
     workdir = tmp_path_factory.mktemp("e2e")
     collector = Collector(CONFIGS_DIR / "local.yaml", workdir)
-    rank_port = free_port_pair()
+    rank_port = adjacent_free_ports()
     prometheus = Prometheus(workdir, targets={
         "otel-train-collector": [f"127.0.0.1:{collector.ports['prometheus']}"],
         "otelcol": [f"127.0.0.1:{collector.ports['telemetry']}"],
