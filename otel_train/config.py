@@ -89,6 +89,10 @@ class Config:
     #: "all": a span per collective of a sampled step; "summary": one per (phase, op, group)
     #: of a step, plus the stalled, failed, unfinished and slow ones on their own
     collective_spans: str = "all"
+    #: build, encode and export spans, metric points and logs in a separate exporter process
+    #: (spawned, never forked) so that none of that work holds the training process's
+    #: interpreter; False: on a thread of the training process (docs/overhead.md)
+    export_process: bool = True
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -218,6 +222,8 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "collective_spans": _parse(env, "OTEL_TRAIN_COLLECTIVE_SPANS",
                                    _choice(COLLECTIVE_SPANS), d.collective_spans,
                                    f"one of {', '.join(COLLECTIVE_SPANS)}"),
+        "export_process": _parse(env, "OTEL_TRAIN_EXPORT_PROCESS", _bool, d.export_process,
+                                 "true or false"),
         "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
                               "true or false"),
         "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,

@@ -119,7 +119,6 @@ class Emitter:
         self.prometheus = prometheus
         self.console = console
         self.sampler = cfg.sampler()
-        self.tracer = pipeline.tracer
         self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
         self._handlers: dict[str, Callable[[Any], None]] = {}
         self._step_listeners: list[Callable[[StepInfo], None]] = []
@@ -223,6 +222,8 @@ class Emitter:
         for i, record in enumerate(self.recorder.drain()):
             if i % 64 == 0:
                 budget.wait_for_room()
+                if i % 4096 == 4032:  # a long backlog leaves in parts, not all at the end
+                    self.pipeline.commit()
             try:
                 self._dispatch(record)
             except Exception as err:  # never let one bad record stop the emitter
@@ -248,6 +249,7 @@ class Emitter:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind="tick")
         self.report_drops()
+        self.pipeline.commit()
 
     def _dispatch(self, record: tuple[Any, ...]) -> None:
         kind = record[0]
@@ -322,18 +324,9 @@ class Emitter:
              events: list[tuple[str, int, dict[str, Any]]] | None = None) -> SpanContext:
         """Create and end one span with explicit times and (optionally) preset ids and
         ``events`` as (name, epoch ns, attributes)."""
-        ids = self.pipeline.ids
-        ids.next_span_id, ids.next_trace_id = span_id, trace_id
-        ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
-               else otel_context.Context())
-        span = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL,
-                                      attributes=attributes, links=links, start_time=start_ns)
-        for event_name, event_ns, event_attrs in events or ():
-            span.add_event(event_name, event_attrs, timestamp=event_ns)
-        if error:
-            span.set_status(trace.Status(trace.StatusCode.ERROR, error))
-        span.end(end_time=max(end_ns, start_ns))
-        return span.get_span_context()
+        return self.pipeline.span(name, parent, start_ns, end_ns, attributes, span_id,
+                                  trace_id, [link.context for link in links or ()], error,
+                                  events or ())
 
     def _step_spans(self, info: StepInfo, phases: list[tuple[Any, ...]]) -> None:
         ident = self.ident
@@ -403,16 +396,13 @@ class Emitter:
                       if k not in ("level", "timestamp")}
         attributes.setdefault(semconv.LOG_RUN_ID, self.ident.run_id)
         attributes.setdefault(semconv.LOG_RANK, self.ident.rank)
-        ctx = None
+        parent = None
         if trace_id and span_id:
             flags = _SAMPLED if self.sampled(trace_id) else TraceFlags(0)
-            ctx = trace.set_span_in_context(
-                NonRecordingSpan(SpanContext(trace_id, span_id, False, flags)))
-        self.pipeline.otel_logger.emit(
-            timestamp=time_ns, observed_timestamp=time.time_ns(), context=ctx,
-            severity_number=_SEVERITY.get(level, SeverityNumber.INFO),
-            severity_text=level.upper(), body=redact.redact_value(message),
-            attributes=attributes)
+            parent = SpanContext(trace_id, span_id, False, flags)
+        self.pipeline.emit_log(time_ns, time.time_ns(), parent,
+                               _SEVERITY.get(level, SeverityNumber.INFO), level.upper(),
+                               redact.redact_value(message), attributes)
 
     def total_dropped(self) -> collections.Counter[str]:
         total = collections.Counter(self.recorder.dropped)

@@ -24,6 +24,7 @@ from otel_train.emitter import Emitter
 from otel_train.export.logs import LogCapture, LogContext, internal_logger
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.providers import Pipeline, choose_exporter
+from otel_train.export.remote import ExporterUnavailable, RemotePipeline
 from otel_train.identity import Identity
 from otel_train.recorder import EVENT, Recorder
 from otel_train.sources.steps import StepHooks, StepTracker
@@ -169,7 +170,7 @@ class Instrumentation:
         self.recorder = Recorder(cfg.queue_size)
         self.tracker = StepTracker(self.recorder, ident.run_id, ident.rank,
                                    cfg.samples_per_step, cfg.tokens_per_step)
-        pipeline = self._pipeline = Pipeline(cfg, ident, self.run_dir)
+        pipeline = self._pipeline = self._start_pipeline(ident)
         launcher = identity.launcher_context()
         run_trace = launcher.trace_id if launcher else identity.run_trace_id(ident.run_id)
         self._run_context = SpanContext(run_trace, identity.run_span_id(ident.run_id, ident.rank),
@@ -181,6 +182,9 @@ class Instrumentation:
         self.log = internal_logger(log_ctx, cfg.console_log_level)
         console = internal_logger(log_ctx, cfg.console_log_level, bridged=False)
         self._prometheus = self._start_prometheus(ident)
+        if isinstance(pipeline, RemotePipeline):
+            pipeline.on_warning = lambda text: console.warning("otel_train.exporter_lost",
+                                                               detail=text)
         self.emitter = Emitter(self.recorder, pipeline, ident, cfg, offset, self._run_context,
                                launcher, self._prometheus, console)
         self.emitter.start()
@@ -211,6 +215,16 @@ class Instrumentation:
             hooks.hook_model(self._model)
         hooks.hook_backward()
         hooks.hook_optimizer(self._optimizer)
+
+    def _start_pipeline(self, ident: Identity) -> Pipeline | RemotePipeline:
+        """The exporter process (the default), else the providers on a thread of ours."""
+        if self.config.export_process:
+            try:
+                return RemotePipeline(self.config, ident, self.run_dir)
+            except ExporterUnavailable as err:
+                warnings.warn(f"otel-train: {err}; exporting from the training process "
+                              "instead", ConfigWarning, stacklevel=6)
+        return Pipeline(self.config, ident, self.run_dir)
 
     def _start_prometheus(self, ident: Identity) -> PrometheusEndpoint | None:
         port = self.config.prometheus_port

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import urllib.request
 import warnings
@@ -184,18 +185,36 @@ def test_leaving_restores_everything_that_was_patched(tmp_path, fail):
     assert (run["status"].get("code") == 2) == fail
 
 
-def test_spans_are_built_off_the_training_thread(tmp_path):
-    model, opt, loader = training.setup(batches=4)
+def _spy_on_span_building(monkeypatch):
+    """The names of the threads of this process that build OpenTelemetry spans."""
+    from opentelemetry.sdk import trace as sdk_trace
+
     threads = set()
+    original = sdk_trace.Tracer.start_span
+
+    def spy(self, *args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(sdk_trace.Tracer, "start_span", spy)
+    return threads
+
+
+def test_no_span_is_built_in_the_training_process(tmp_path, monkeypatch):
+    threads = _spy_on_span_building(monkeypatch)
+    model, opt, loader = training.setup(batches=4)
     with otel_train.instrument(model, output_dir=tmp_path) as inst:
-        tracer = inst.emitter.tracer
-        original = tracer.start_span
+        assert inst._pipeline.pid not in (None, os.getpid())  # an exporter process
+        training.train(model, opt, loader)
+    assert threads == set()
+    names = {s["name"] for s in otlp_files.spans(otlp_files.only_run_dir(tmp_path))}
+    assert {semconv.SPAN_RUN, semconv.SPAN_RANK_STEP, semconv.SPAN_FORWARD} <= names
 
-        def spy(*args, **kwargs):
-            threads.add(threading.current_thread().name)
-            return original(*args, **kwargs)
 
-        tracer.start_span = spy
+def test_in_process_export_builds_spans_on_the_emitter_thread_only(tmp_path, monkeypatch):
+    threads = _spy_on_span_building(monkeypatch)
+    model, opt, loader = training.setup(batches=4)
+    with otel_train.instrument(model, output_dir=tmp_path, export_process=False):
         training.train(model, opt, loader)
     assert threads == {"otel-train-emitter"}
 

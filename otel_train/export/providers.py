@@ -16,6 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry._logs import SeverityNumber
 from opentelemetry.sdk._logs import LoggerProvider
 from opentelemetry.sdk._logs.export import (
     BatchLogRecordProcessor,
@@ -34,6 +37,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind
 
 from otel_train import config as config_mod
 from otel_train import semconv
@@ -322,6 +326,39 @@ class Pipeline:
         self.meter = self.meter_provider.get_meter(semconv.SCOPE_NAME)
         self.otel_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME)
 
+    # --- what the emitter makes: the one place OpenTelemetry objects are built ----------
+    def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
+             attributes: dict[str, Any], span_id: int = 0, trace_id: int = 0,
+             links: Sequence[SpanContext] = (), error: str | None = None,
+             events: Sequence[tuple[str, int, dict[str, Any]]] = ()) -> SpanContext:
+        """Create and end one span with explicit times, (optionally) preset ids, links to
+        ``links`` and ``events`` as (name, epoch ns, attributes)."""
+        ids = self.ids
+        ids.next_span_id, ids.next_trace_id = span_id, trace_id
+        ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
+               else otel_context.Context())
+        span = self.tracer.start_span(name, context=ctx, kind=SpanKind.INTERNAL,
+                                      attributes=attributes,
+                                      links=[Link(link) for link in links] or None,
+                                      start_time=start_ns)
+        for event_name, event_ns, event_attrs in events:
+            span.add_event(event_name, event_attrs, timestamp=event_ns)
+        if error:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        span.end(end_time=max(end_ns, start_ns))
+        return span.get_span_context()
+
+    def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
+                 severity: int, severity_text: str, body: Any,
+                 attributes: dict[str, Any]) -> None:
+        """One log record, in the context of ``parent`` (its trace and span ids) if given."""
+        ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
+               else None)
+        self.otel_logger.emit(
+            timestamp=time_ns, observed_timestamp=observed_ns, context=ctx,
+            severity_number=SeverityNumber(severity), severity_text=severity_text, body=body,
+            attributes=attributes)
+
     def _exporters(self, cfg: Config, ident: Identity, run_dir: Path | None) -> Any:
         if self.kind == "none":
             return None
@@ -335,6 +372,9 @@ class Pipeline:
                           "telemetry of this run is not exported", ConfigWarning, stacklevel=4)
             self.kind = "none"
             return None
+
+    def commit(self) -> None:
+        """Nothing to hand on: spans and records went to the SDK as they were made."""
 
     def backlog(self) -> float:
         """How full the fullest batch processor queue is, 0 to 1."""

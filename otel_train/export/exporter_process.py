@@ -1,0 +1,169 @@
+"""The exporter process: one per rank, it builds and exports what the training process sent.
+
+Started by :class:`otel_train.export.remote.RemotePipeline` as a fresh interpreter (never a
+fork of the training process, which may hold CUDA state), it never imports torch. It reads
+batches of operations from its socket, turns them into spans, metric points and log records
+with the ordinary :class:`~otel_train.export.providers.Pipeline` (so files, OTLP, counting
+and flushing are exactly what they are in process) and counts its own losses into
+``otel_train.telemetry.dropped``. It ends when told to (after a bounded flush, replying with
+its counts) or when the socket closes or its parent changes: the training process is gone,
+so it flushes within the run's shutdown bound and exits. It ignores SIGINT and SIGTERM,
+which reach it with its parent's process group: the training process decides when it ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_train import semconv
+from otel_train.export import remote
+from otel_train.export.providers import Pipeline
+
+
+def _ctx(t: tuple[int, int, int, bool] | None) -> SpanContext | None:
+    if t is None:
+        return None
+    return SpanContext(t[0], t[1], t[3], TraceFlags(t[2]))
+
+
+class Exporter:
+    """Applies operations to a Pipeline; counts what it could not apply."""
+
+    def __init__(self, pipeline: Pipeline, base_attrs: dict[str, Any]) -> None:
+        self.pipeline = pipeline
+        self.base_attrs = base_attrs
+        self.instruments: dict[int, Any] = {}
+        self.dropped_instrument: Any = None
+        self.errors = 0
+        self._reported: collections.Counter[str] = collections.Counter()
+
+    def apply(self, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == remote.OP_SPAN:
+            _, name, parent, start, end, attrs, span_id, trace_id, links, error, events = op
+            self.pipeline.span(name, _ctx(parent), start, end, attrs, span_id, trace_id,
+                               [_ctx(link) for link in links], error, events)
+        elif kind == remote.OP_MEASURE:
+            _, iid, value, attrs, parent = op
+            ctx = (trace.set_span_in_context(NonRecordingSpan(_ctx(parent)))
+                   if parent is not None else None)
+            instrument = self.instruments[iid]
+            if ctx is None:
+                instrument(value, attrs)
+            else:
+                instrument(value, attrs, context=ctx)
+        elif kind == remote.OP_LOG:
+            _, time_ns, observed_ns, parent, severity, severity_text, body, attrs = op
+            self.pipeline.emit_log(time_ns, observed_ns, _ctx(parent), severity,
+                                   severity_text, body, attrs)
+        elif kind == remote.OP_INSTRUMENT:
+            self._define(*op[1:])
+
+    def _define(self, iid: int, kind: str, name: str, unit: str, description: str,
+                buckets: list[float] | None) -> None:
+        meter = self.pipeline.meter
+        if kind == "histogram":
+            made = meter.create_histogram(name, unit=unit, description=description,
+                                          explicit_bucket_boundaries_advisory=buckets)
+            self.instruments[iid] = made.record
+        elif kind == "counter":
+            made = meter.create_counter(name, unit=unit, description=description)
+            self.instruments[iid] = made.add
+            if name == semconv.METRIC_TELEMETRY_DROPPED:
+                self.dropped_instrument = made
+        else:
+            self.instruments[iid] = meter.create_gauge(name, unit=unit,
+                                                       description=description).set
+
+    def apply_all(self, batch: list[tuple[Any, ...]]) -> float | None:
+        """Apply a batch; the shutdown bound if the batch asks to shut down."""
+        for op in batch:
+            if op[0] == remote.OP_SHUTDOWN:
+                return float(op[1])
+            try:
+                self.apply(op)
+            except Exception as err:  # one bad operation never stops the exporter
+                self.errors += 1
+                signal_name = remote._SIGNAL_OF_OP.get(op[0])
+                if signal_name is not None:
+                    self.pipeline.dropped[signal_name] += 1
+                if self.errors <= 5:
+                    print(f"otel-train exporter: cannot apply {op[0]!r}: {err!r}",
+                          file=sys.stderr)
+        self.report_drops()
+        return None
+
+    def report_drops(self) -> None:
+        """The exporter's own losses (refused exports, full queues) into the dropped
+        counter; the training process reports what never reached the exporter."""
+        if self.dropped_instrument is None:
+            return
+        for signal_name, count in self.pipeline.dropped.items():
+            delta = count - self._reported[signal_name]
+            if delta > 0:
+                self._reported[signal_name] = count
+                self.dropped_instrument.add(
+                    delta, {**self.base_attrs, semconv.ATTR_SIGNAL: signal_name})
+
+
+def _watch_parent(sock: socket.socket) -> None:
+    """If the training process dies while a forked descendant keeps the socket open, the
+    exporter is re-parented: notice it and end the read loop."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1.0)
+        if os.getppid() != parent:
+            try:
+                sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+            return
+
+
+def main(fd: int) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sock = socket.socket(fileno=fd)
+    try:
+        cfg, ident, run_dir = remote.recv_message(sock)
+    except (EOFError, OSError):
+        return 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        pipeline = Pipeline(cfg, ident, run_dir)
+    remote.send_message(sock, (remote.REPLY_READY, pipeline.kind,
+                               [str(w.message) for w in caught]))
+    threading.Thread(target=_watch_parent, args=(sock,), name="otel-train-parent-watch",
+                     daemon=True).start()
+    exporter = Exporter(pipeline, {semconv.ATTR_RANK: ident.rank,
+                                   semconv.ATTR_RUN_ID: ident.run_id})
+    bound = cfg.shutdown_timeout_s
+    told = False
+    while True:
+        try:
+            batch = remote.recv_message(sock)
+        except (EOFError, OSError):
+            break  # the training process is gone: flush what we have, within its bound
+        asked = exporter.apply_all(batch)
+        if asked is not None:
+            bound, told = asked, True
+            break
+    flushed = pipeline.shutdown(bound)
+    if told:
+        try:
+            remote.send_message(sock, (remote.REPLY_DONE, dict(pipeline.dropped), flushed))
+        except OSError:
+            pass
+    sock.close()
+    return 0

@@ -1,0 +1,379 @@
+"""The training process's side of the exporter process: telemetry leaves as plain tuples.
+
+Building OpenTelemetry spans, metric points and log records, encoding OTLP and exporting
+cost ~100-200 us of interpreter time per span; on a thread of the training process that
+time is taken from the training thread, which waits for the GIL (docs/overhead.md). So the
+emitter hands what it would have built to :class:`RemotePipeline` as tuples of ints,
+strings and attribute dicts, and one exporter process per rank (``exporter_process.py``,
+started the way CUDA programs must start children: a fresh interpreter, never a fork)
+builds and exports them with the ordinary :class:`~otel_train.export.providers.Pipeline`.
+
+The wire: one AF_UNIX stream socket; each message a little-endian u64 length and a pickled
+list of operations. The emitter thread sends a batch after each drain: a blocking send,
+which releases the GIL while it waits, so a slow exporter slows the emitter (whose
+bounded buffer then drops and counts) and never the training thread. An exporter that
+dies is restarted (at most ``MAX_RESTARTS`` times); what it had not taken is counted as
+dropped, and the counts reach the metrics of the next exporter and the user at exit. The
+exporter reads until the socket closes, so it never outlives the training process (also
+after SIGKILL: the kernel closes the socket), and it holds no shared memory.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import pickle
+import random
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from otel_train import semconv
+from otel_train.config import Config, ConfigWarning
+from otel_train.export.providers import choose_exporter
+from otel_train.identity import Identity
+
+# operations: the first element says what the rest is
+OP_SPAN = "S"  # (S, name, parent, start, end, attrs, span_id, trace_id, links, error, events)
+OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs)
+OP_INSTRUMENT = "I"  # (I, id, kind, name, unit, description, buckets or None)
+OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
+OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
+# replies of the exporter process (pickled, length-prefixed the same way)
+REPLY_READY = "ready"  # (ready, exporter kind, [warning texts])
+REPLY_DONE = "done"  # (done, {signal: dropped}, flushed)
+
+MAX_RESTARTS = 3
+READY_TIMEOUT_S = 60.0
+_HEADER = struct.Struct("<Q")
+_SIGNAL_OF_OP = {OP_SPAN: semconv.SIGNAL_SPANS, OP_LOG: semconv.SIGNAL_LOGS,
+                 OP_MEASURE: semconv.SIGNAL_METRICS}
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+# The exporter must not import torch (seconds and hundreds of MB): load the package's
+# modules without running otel_train/__init__.py, which imports instrument.py and torch.
+_BOOT = (
+    "import sys, types\n"
+    "pkg = types.ModuleType('otel_train'); pkg.__path__ = [sys.argv[1]]\n"
+    "sys.modules['otel_train'] = pkg\n"
+    "from otel_train.export.exporter_process import main\n"
+    "sys.exit(main(int(sys.argv[2])))\n"
+)
+
+
+def ctx_tuple(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
+    """A span context as a plain tuple (pickles small and fast); None stays None."""
+    if ctx is None:
+        return None
+    return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.is_remote)
+
+
+def send_message(sock: socket.socket, obj: Any) -> None:
+    data = pickle.dumps(obj, protocol=5)
+    sock.sendall(_HEADER.pack(len(data)) + data)
+
+
+def recv_message(sock: socket.socket) -> Any:
+    """One message, or raises EOFError when the other side has closed."""
+    header = _recv_exactly(sock, _HEADER.size)
+    return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0]))
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("the other side closed the socket")
+        got += k
+    return bytes(buf)
+
+
+class _ProxyInstrument:
+    """A synchronous instrument whose measurements become tuples for the exporter."""
+
+    __slots__ = ("_id", "_ops")
+
+    def __init__(self, instrument_id: int, ops: collections.deque[tuple[Any, ...]]) -> None:
+        self._id, self._ops = instrument_id, ops
+
+    def _measure(self, value: float, attributes: dict[str, Any] | None = None,
+                 context: Any = None) -> None:
+        parent = None
+        if context is not None:
+            span_ctx = trace.get_current_span(context).get_span_context()
+            if span_ctx.is_valid:
+                parent = ctx_tuple(span_ctx)
+        self._ops.append((OP_MEASURE, self._id, value, attributes, parent))
+
+    record = add = set = _measure
+
+
+class _ProxyMeter:
+    """``create_histogram``/``create_counter``/``create_gauge`` as the sources call them."""
+
+    def __init__(self, pipeline: RemotePipeline) -> None:
+        self._pipeline = pipeline
+
+    def _create(self, kind: str, name: str, unit: str = "", description: str = "",
+                explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+                ) -> _ProxyInstrument:
+        buckets = (list(explicit_bucket_boundaries_advisory)
+                   if explicit_bucket_boundaries_advisory is not None else None)
+        return self._pipeline.define_instrument((kind, name, unit, description, buckets))
+
+    def create_histogram(self, name: str, unit: str = "", description: str = "",
+                         explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
+                         ) -> _ProxyInstrument:
+        return self._create("histogram", name, unit, description,
+                            explicit_bucket_boundaries_advisory)
+
+    def create_counter(self, name: str, unit: str = "", description: str = ""
+                       ) -> _ProxyInstrument:
+        return self._create("counter", name, unit, description)
+
+    def create_gauge(self, name: str, unit: str = "", description: str = ""
+                     ) -> _ProxyInstrument:
+        return self._create("gauge", name, unit, description)
+
+
+_live: weakref.WeakSet[RemotePipeline] = weakref.WeakSet()
+
+
+def _close_in_forked_child() -> None:
+    # A DataLoader worker forked while instrumented must neither send nor keep the socket
+    # open: the exporter learns of the training process's death by the socket closing.
+    for pipeline in list(_live):
+        pipeline.forget_in_child()
+
+
+os.register_at_fork(after_in_child=_close_in_forked_child)
+
+
+class ExporterUnavailable(RuntimeError):
+    """The exporter process could not be started."""
+
+
+class RemotePipeline:
+    """The :class:`~otel_train.export.providers.Pipeline` interface the emitter uses, with
+    every OpenTelemetry object built in an exporter process."""
+
+    def __init__(self, cfg: Config, ident: Identity, run_dir: Path | None,
+                 on_warning: Callable[[str], None] | None = None) -> None:
+        #: telemetry lost between this process and the exporter (transport, a dead
+        #: exporter); the exporter's own losses are added at shutdown
+        self.dropped: collections.Counter[str] = collections.Counter()
+        self.kind = choose_exporter(cfg)
+        self.meter = _ProxyMeter(self)
+        self.restarts = 0
+        self.on_warning = on_warning
+        self._settings = (cfg, ident, run_dir)
+        self._ops: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._instruments: list[tuple[Any, ...]] = []
+        self._send_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._child_pid = os.getpid()
+        self._start_exporter()
+        _live.add(self)
+
+    # --- the exporter process ----------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start_exporter(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        package_dir = str(Path(__file__).resolve().parents[1])
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _BOOT, package_dir, str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
+        except OSError as err:
+            ours.close()
+            raise ExporterUnavailable(f"cannot start the exporter process: {err}") from err
+        finally:
+            theirs.close()
+        try:
+            send_message(ours, self._settings)
+            ours.settimeout(READY_TIMEOUT_S)
+            reply = recv_message(ours)
+            ours.settimeout(None)
+        except (OSError, EOFError, pickle.PickleError) as err:
+            ours.close()
+            proc.kill()
+            proc.wait()
+            raise ExporterUnavailable(f"the exporter process did not start: {err!r}") from err
+        if reply[0] != REPLY_READY:
+            ours.close()
+            proc.kill()
+            proc.wait()
+            raise ExporterUnavailable(f"unexpected reply from the exporter: {reply!r}")
+        self.kind = reply[1]
+        for text in reply[2]:
+            warnings.warn(text, ConfigWarning, stacklevel=6)
+        self._sock, self._proc = ours, proc
+        if self._instruments:  # a restarted exporter: the instruments again, first
+            send_message(ours, list(self._instruments))
+
+    def _exporter_lost(self, ops: Sequence[tuple[Any, ...]], why: str) -> None:
+        """Count what did not reach the exporter, and start another one if allowed."""
+        for op in ops:
+            signal = _SIGNAL_OF_OP.get(op[0])
+            if signal is not None:
+                self.dropped[signal] += 1
+        sock, proc = self._sock, self._proc
+        self._sock = self._proc = None
+        if sock is not None:
+            sock.close()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        if self.restarts >= MAX_RESTARTS:
+            return
+        self.restarts += 1
+        if self.on_warning is not None:
+            self.on_warning(f"otel-train: the exporter process was lost ({why}); starting "
+                            f"another ({self.restarts} of {MAX_RESTARTS})")
+        try:
+            self._start_exporter()
+        except ExporterUnavailable as err:
+            if self.on_warning is not None:
+                self.on_warning(f"otel-train: {err}")
+
+    # --- what the emitter makes ---------------------------------------------------------
+    def define_instrument(self, definition: tuple[Any, ...]) -> _ProxyInstrument:
+        iid = len(self._instruments)
+        op = (OP_INSTRUMENT, iid, *definition)
+        self._instruments.append(op)
+        self._ops.append(op)
+        return _ProxyInstrument(iid, self._ops)
+
+    def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
+             attributes: dict[str, Any], span_id: int = 0, trace_id: int = 0,
+             links: Sequence[SpanContext] = (), error: str | None = None,
+             events: Sequence[tuple[str, int, dict[str, Any]]] = ()) -> SpanContext:
+        """Queue one span; its context is decided here, exactly as the exporter's SDK will
+        (ids preset or random; a sampled flag from the parent, roots always sampled)."""
+        if parent is not None:
+            trace_id, own_trace_id = 0, parent.trace_id  # a child's trace is its parent's
+            flags = parent.trace_flags if not parent.is_remote else _SAMPLED
+        else:
+            trace_id = own_trace_id = trace_id or _random_id(128)
+            flags = _SAMPLED
+        span_id = span_id or _random_id(64)
+        self._ops.append((OP_SPAN, name, ctx_tuple(parent), start_ns, end_ns, attributes,
+                          span_id, trace_id, [ctx_tuple(link) for link in links], error,
+                          list(events)))
+        return SpanContext(own_trace_id, span_id, False, TraceFlags(flags))
+
+    def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
+                 severity: int, severity_text: str, body: Any,
+                 attributes: dict[str, Any]) -> None:
+        self._ops.append((OP_LOG, time_ns, observed_ns, ctx_tuple(parent),
+                          getattr(severity, "value", severity),
+                          severity_text, body, attributes))
+
+    def commit(self) -> None:
+        """Send what was queued (the emitter calls this after each drain)."""
+        ops = self._ops
+        if not ops:
+            return
+        batch = []
+        popleft = ops.popleft
+        try:
+            for _ in range(len(ops)):
+                batch.append(popleft())
+        except IndexError:
+            pass
+        with self._send_lock:
+            self._send(batch)
+
+    def _send(self, batch: list[tuple[Any, ...]]) -> None:
+        sock = self._sock
+        if sock is None:
+            self._exporter_lost(batch, "gone")
+            return
+        try:
+            send_message(sock, batch)
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
+            self._exporter_lost(batch, repr(err))
+
+    # --- the Pipeline interface the emitter's back-pressure uses -------------------------
+    def backlog(self) -> float:
+        return 0.0  # the blocking send is the back-pressure
+
+    def nudge(self) -> None:
+        pass
+
+    def forget_in_child(self) -> None:
+        if os.getpid() == self._child_pid:
+            return
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._proc = None
+        self.restarts = MAX_RESTARTS  # a forked worker never starts an exporter
+        self._ops.clear()
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """Send what is left, let the exporter flush within ``timeout_s``, collect its
+        counts of what it dropped; False if it had to be killed."""
+        deadline = time.monotonic() + timeout_s
+        if not self._send_lock.acquire(timeout=max(0.0, timeout_s / 2)):
+            # the emitter is stuck sending to an exporter that does not read: end it
+            if self._proc is not None:
+                self._proc.kill()
+            self._send_lock.acquire()
+        try:
+            return self._shutdown_locked(deadline)
+        finally:
+            self._send_lock.release()
+
+    def _shutdown_locked(self, deadline: float) -> bool:
+        rest = list(self._ops)
+        self._ops.clear()
+        if rest:
+            self._send(rest)
+        sock, proc = self._sock, self._proc
+        if sock is None or proc is None:
+            return False
+        flushed = False
+        try:
+            send_message(sock, [(OP_SHUTDOWN, max(0.1, deadline - time.monotonic() - 0.2))])
+            sock.settimeout(max(0.1, deadline - time.monotonic()))
+            reply = recv_message(sock)
+            if reply[0] == REPLY_DONE:
+                self.dropped.update(reply[1])
+                flushed = bool(reply[2])
+        except (OSError, EOFError, pickle.PickleError):
+            pass
+        sock.close()
+        self._sock = None
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            flushed = False
+        self._proc = None
+        return flushed
+
+
+def _random_id(bits: int) -> int:
+    value = 0
+    while value == 0:  # the SDK's own generator draws the same way
+        value = random.getrandbits(bits)
+    return value
