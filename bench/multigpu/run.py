@@ -18,6 +18,12 @@ Modes, run in this order in one process (the model compiles once), each into ``D
   HolisticTraceAnalysis (when installed) for the overlap comparison.
 - ``overhead``: bare and instrumented blocks, interleaved round by round, synchronised
   at both ends of a block (the one-GPU benchmark's method, at world size N).
+- ``cost`` (only when named): the exact figure noise cannot hide. For each arm, blocks of
+  two lengths (a whole ``with instrument()`` each, flush included), interleaved and
+  repeated; CPU of the training process (getrusage), of its exporter process (children's
+  rusage once it is waited for) and per thread (/proc), instrumented minus bare, per step
+  from the difference of the two lengths (start and stop costs cancel).
+- ``emitter_profile`` (only when named): cProfile of the emitter thread over one block.
 - ``hang``: rank ``--slow-rank`` stops calling collectives for ``--hang-s`` (more than the
   stall timeout, less than the process group's ``--pg-timeout-s``); every rank synchronises at
   the end of each step, so the others wait inside NCCL. Stall detection must report it first.
@@ -54,6 +60,9 @@ from otel_train.analysis import otlp  # noqa: E402
 from otel_train.sources import gpu_trace  # noqa: E402
 
 MODES = ("normal", "straggler", "straggler_gpu", "profile", "overhead", "hang")
+#: modes run only when named: the exact CPU cost by arm and thread, and a cProfile of the
+#: emitter thread (docs/overhead.md)
+EXTRA_MODES = ("cost", "emitter_profile")
 
 
 def build(cfg: GPTConfig, device: torch.device, compiled: bool) -> tuple[nn.Module, Any]:
@@ -241,6 +250,100 @@ class Trainer:
                    ratio_min=first["ratio_min"], ratio_max=first["ratio_max"])
         return out
 
+    COST_ARMS: dict[str, dict[str, Any]] = {
+        "default": {},  # the exporter process
+        "inproc": {"export_process": False},  # the providers on a thread of this process
+        "summary": {"collective_spans": "summary"},
+        "none": {"exporter": "none"},
+    }
+
+    def _cost_block(self, arm: str, steps: int) -> dict[str, Any]:
+        ctx = (contextlib.nullcontext() if arm == "bare"
+               else self.instrument("cost-" + arm, **self.COST_ARMS[arm]))
+        self.sync()
+        dist.barrier()
+        before = cpu_snapshot()
+        with ctx:
+            for i in range(steps):
+                self.step(i)
+            self.sync()
+            inside = cpu_snapshot()
+        after = cpu_snapshot()
+        return {"cpu_s": after["self"] - before["self"],
+                "children_cpu_s": after["children"] - before["children"],
+                "wall_s": after["wall"] - before["wall"],
+                "threads_s": {k: v - before["threads"].get(k, 0.0)
+                              for k, v in inside["threads"].items()}}
+
+    def cost(self) -> dict[str, Any]:
+        short, long_ = self.args.cost_short, self.args.cost_long
+        names = ["bare", *self.args.cost_arms.split(",")]
+        runs: dict[str, dict[int, list[dict[str, Any]]]] = {
+            a: {short: [], long_: []} for a in names}
+        for r in range(self.args.cost_repeats):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for arm in order:
+                for n in (short, long_):
+                    runs[arm][n].append(self._cost_block(arm, n))
+        per_step: dict[str, dict[str, Any]] = {}
+        for arm in names:
+            def slope(key: str, arm: str = arm) -> list[float]:
+                return [(b[key] - a[key]) / (long_ - short)
+                        for a, b in zip(runs[arm][short], runs[arm][long_], strict=True)]
+            threads: dict[str, list[float]] = {}
+            for a, b in zip(runs[arm][short], runs[arm][long_], strict=True):
+                for name in set(a["threads_s"]) | set(b["threads_s"]):
+                    threads.setdefault(name, []).append(
+                        (b["threads_s"].get(name, 0.0) - a["threads_s"].get(name, 0.0))
+                        / (long_ - short))
+            per_step[arm] = {"cpu_s": slope("cpu_s"), "children_cpu_s": slope("children_cpu_s"),
+                             "wall_s": slope("wall_s"),
+                             "threads_s": {k: statistics.median(v) for k, v in threads.items()}}
+        out: dict[str, Any] = {"lengths": [short, long_], "repeats": self.args.cost_repeats,
+                               "per_step": per_step, "runs": runs}
+        bare = per_step["bare"]
+        for arm in names[1:]:
+            mine = per_step[arm]
+            out[arm] = {
+                "added_cpu_ms_per_step": [1e3 * (m - b) for m, b in
+                                          zip(mine["cpu_s"], bare["cpu_s"], strict=True)],
+                "exporter_cpu_ms_per_step": [1e3 * (m - b) for m, b in zip(
+                    mine["children_cpu_s"], bare["children_cpu_s"], strict=True)],
+                "added_wall_ms_per_step": [1e3 * (m - b) for m, b in
+                                           zip(mine["wall_s"], bare["wall_s"], strict=True)],
+            }
+        return out
+
+    def emitter_profile(self) -> dict[str, Any]:
+        import cProfile
+        import io
+        import pstats
+
+        from otel_train import emitter as emitter_mod
+
+        profiler = cProfile.Profile()
+        original = emitter_mod.Emitter._run
+
+        def profiled(em: Any) -> None:
+            profiler.enable()
+            try:
+                original(em)
+            finally:
+                profiler.disable()
+
+        emitter_mod.Emitter._run = profiled  # type: ignore[method-assign]
+        try:
+            with self.instrument("emitter-profile"):
+                per_step = self.block(0, self.args.cost_long)
+        finally:
+            emitter_mod.Emitter._run = original  # type: ignore[method-assign]
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("tottime").print_stats(45)
+        stats.sort_stats("cumulative").print_stats(45)
+        (self.out / f"emitter-profile-rank{self.rank}.txt").write_text(text.getvalue())
+        return {"step_s": per_step, "total_tt_s": stats.total_tt}
+
     def hang(self) -> dict[str, Any]:
         marks: dict[str, float] = {}
 
@@ -302,6 +405,30 @@ def flight_recorder_diagnostics(inst: Any) -> dict[str, Any]:
     return {"mechanisms": None}
 
 
+def cpu_snapshot() -> dict[str, Any]:
+    """CPU seconds of this process, of its waited-for children and of each live thread
+    (by Python thread name where it has one, else the kernel's), and the wall clock."""
+    import resource
+    import threading
+
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    threads: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+            comm = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        name = names.get(int(task.name), comm)
+        threads[name] = threads.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return {"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
+            "wall": time.perf_counter(), "threads": threads}
+
+
 def dynamo_state() -> tuple[int, int]:
     from torch._dynamo.utils import counters
 
@@ -344,6 +471,11 @@ def main() -> None:
                         help="OTEL_TRAIN_COLLECTIVE_SPANS for every mode but overhead")
     parser.add_argument("--overhead-arms", default="default,sampled10",
                         help="instrumented arms, from Trainer.ARMS")
+    parser.add_argument("--cost-arms", default="default,inproc",
+                        help="instrumented arms of the cost mode, from Trainer.COST_ARMS")
+    parser.add_argument("--cost-short", type=int, default=10)
+    parser.add_argument("--cost-long", type=int, default=40)
+    parser.add_argument("--cost-repeats", type=int, default=3)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--seq", type=int, default=2048)
