@@ -231,7 +231,15 @@ class FlightRecorder:
             return []
         out = []
         lowest = highest = None
+        finalized = self._finalized
         for entry in entries:
+            # most of a ring is finalized already: skip it before any other work (a read of
+            # 20000 entries spent 70 ms building entries it then dropped, on an H200)
+            rid = entry.get("record_id") if isinstance(entry, dict) else None
+            if type(rid) is int and rid in finalized:
+                lowest = rid if lowest is None or rid < lowest else lowest
+                highest = rid if highest is None or rid > highest else highest
+                continue
             try:
                 item = self._entry(entry, sizes)
             except Exception as err:
