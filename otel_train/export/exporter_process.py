@@ -31,6 +31,10 @@ from otel_train.export import remote
 from otel_train.export.providers import Pipeline
 
 
+#: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
+BACKPRESSURE_S = 2.0
+
+
 def _ctx(t: tuple[int, int, int, bool] | None) -> SpanContext | None:
     if t is None:
         return None
@@ -87,8 +91,18 @@ class Exporter:
                                                        description=description).set
 
     def apply_all(self, batch: list[tuple[Any, ...]]) -> float | None:
-        """Apply a batch; the shutdown bound if the batch asks to shut down."""
-        for op in batch:
+        """Apply a batch; the shutdown bound if the batch asks to shut down.
+
+        A batch can hold many steps at once (steps held for the flight recorder are
+        released together): let the batch processors' queues drain before adding more, as
+        the in-process emitter does, up to ``BACKPRESSURE_S`` per batch; past it a stuck
+        collector's losses are counted as usual. Waiting here holds nobody's interpreter."""
+        deadline = time.monotonic() + BACKPRESSURE_S
+        for i, op in enumerate(batch):
+            if i % 64 == 0:
+                while self.pipeline.backlog() > 0.5 and time.monotonic() < deadline:
+                    self.pipeline.nudge()
+                    time.sleep(0.002)
             if op[0] == remote.OP_SHUTDOWN:
                 return float(op[1])
             try:
