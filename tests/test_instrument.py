@@ -190,13 +190,13 @@ def _spy_on_span_building(monkeypatch):
     from opentelemetry.sdk import trace as sdk_trace
 
     threads = set()
-    original = sdk_trace.Tracer.start_span
+    original = sdk_trace.ReadableSpan.__init__  # every SDK span is one, _Span included
 
     def spy(self, *args, **kwargs):
         threads.add(threading.current_thread().name)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(sdk_trace.Tracer, "start_span", spy)
+    monkeypatch.setattr(sdk_trace.ReadableSpan, "__init__", spy)
     return threads
 
 

@@ -30,7 +30,6 @@ from otel_train import semconv
 from otel_train.export import remote
 from otel_train.export.providers import Pipeline
 
-
 #: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
 BACKPRESSURE_S = 2.0
 

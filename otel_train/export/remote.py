@@ -105,18 +105,21 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 class _ProxyInstrument:
     """A synchronous instrument whose measurements become tuples for the exporter."""
 
-    __slots__ = ("_id", "_ops")
+    __slots__ = ("_id", "_ops", "_last")
 
     def __init__(self, instrument_id: int, ops: collections.deque[tuple[Any, ...]]) -> None:
         self._id, self._ops = instrument_id, ops
+        self._last: tuple[Any, Any] = (None, None)  # (context, its span as a tuple)
 
     def _measure(self, value: float, attributes: dict[str, Any] | None = None,
                  context: Any = None) -> None:
         parent = None
         if context is not None:
-            span_ctx = trace.get_current_span(context).get_span_context()
-            if span_ctx.is_valid:
-                parent = ctx_tuple(span_ctx)
+            last_context, parent = self._last
+            if context is not last_context:  # one context per step, many points per step
+                span_ctx = trace.get_current_span(context).get_span_context()
+                parent = ctx_tuple(span_ctx) if span_ctx.is_valid else None
+                self._last = (context, parent)
         self._ops.append((OP_MEASURE, self._id, value, attributes, parent))
 
     record = add = set = _measure

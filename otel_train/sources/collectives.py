@@ -134,6 +134,7 @@ class Ledger:
         self.rank = ctx.identity.rank
         self.run_id = ctx.identity.run_id
         self.base = {semconv.ATTR_RANK: self.rank, semconv.ATTR_RUN_ID: self.run_id}
+        self._attr_cache: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
         self.pending: dict[int, Collective] = {}
         self.finished: list[Collective] = []
         self._for_spans: dict[int, list[Collective]] = {}
@@ -406,14 +407,25 @@ class Ledger:
                           end + self.offset, attrs)
 
     # --- output ----------------------------------------------------------------------
+    def _metric_attrs(self, op: str, backend: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The attribute sets of the duration and size points, made once per (op, backend):
+        every collective records both, and the SDK never changes what it is given."""
+        key = (op, backend)
+        attrs = self._attr_cache.get(key)
+        if attrs is None:
+            bounded = op if op in semconv.COLLECTIVE_OPS else "other"
+            attrs = self._attr_cache[key] = (
+                {**self.base, semconv.ATTR_COLLECTIVE_OP: bounded,
+                 semconv.ATTR_COLLECTIVE_BACKEND: backend},
+                {**self.base, semconv.ATTR_COLLECTIVE_OP: bounded})
+        return attrs
+
     def _metrics(self, coll: Collective, info: Any | None) -> None:
         ctx = self.emitter.exemplar_context(info) if info is not None else None
-        op = coll.op if coll.op in semconv.COLLECTIVE_OPS else "other"
-        self.duration.record(coll.seconds(), {**self.base, semconv.ATTR_COLLECTIVE_OP: op,
-                                              semconv.ATTR_COLLECTIVE_BACKEND: coll.backend},
-                             context=ctx)
+        duration_attrs, size_attrs = self._metric_attrs(coll.op, coll.backend)
+        self.duration.record(coll.seconds(), duration_attrs, context=ctx)
         if coll.nbytes:
-            self.size.add(coll.nbytes, {**self.base, semconv.ATTR_COLLECTIVE_OP: op})
+            self.size.add(coll.nbytes, size_attrs)
 
     def _parent(self, coll: Collective, info: Any) -> Any:
         issued = coll.issue + self.offset
