@@ -262,6 +262,7 @@ class Trainer:
                else self.instrument("cost-" + arm, **self.COST_ARMS[arm]))
         self.sync()
         dist.barrier()
+        rid_before = newest_nccl_record() if arm == "bare" else None
         before = cpu_snapshot()
         with ctx:
             for i in range(steps):
@@ -269,7 +270,10 @@ class Trainer:
             self.sync()
             inside = cpu_snapshot()
         after = cpu_snapshot()
-        return {"cpu_s": after["self"] - before["self"],
+        rid_after = newest_nccl_record() if arm == "bare" else None
+        return {"nccl_entries": (None if rid_after is None or rid_before is None
+                                 else rid_after - rid_before),
+                "cpu_s": after["self"] - before["self"],
                 "children_cpu_s": after["children"] - before["children"],
                 "wall_s": after["wall"] - before["wall"],
                 "threads_s": {k: v - before["threads"].get(k, 0.0)
@@ -299,7 +303,11 @@ class Trainer:
             per_step[arm] = {"cpu_s": slope("cpu_s"), "children_cpu_s": slope("children_cpu_s"),
                              "wall_s": slope("wall_s"),
                              "threads_s": {k: statistics.median(v) for k, v in threads.items()}}
+        counted = [r["nccl_entries"] / n for n in (short, long_) for r in runs["bare"][n]
+                   if r.get("nccl_entries")]
         out: dict[str, Any] = {"lengths": [short, long_], "repeats": self.args.cost_repeats,
+                               "nccl_collectives_per_step": (statistics.median(counted)
+                                                             if counted else None),
                                "per_step": per_step, "runs": runs}
         bare = per_step["bare"]
         for arm in names[1:]:
@@ -403,6 +411,20 @@ def flight_recorder_diagnostics(inst: Any) -> dict[str, Any]:
                         "errors": fr.errors, "skipped": fr.skipped,
                         "last_error": fr.last_error, "seen_keys": fr.seen_keys}}
     return {"mechanisms": None}
+
+
+def newest_nccl_record() -> int | None:
+    """The flight recorder's newest record id (to count NCCL collectives per step in a bare
+    block, outside its timing); None without NCCL or a flight recorder."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+
+        entries = pickle.loads(c10d._dump_nccl_trace(
+            includeCollectives=True, includeStackTraces=False, onlyActive=False)).get(
+            "entries") or []
+        return max(int(e["record_id"]) for e in entries) if entries else None
+    except Exception:
+        return None
 
 
 def cpu_snapshot() -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""The verdict of a multi-GPU overhead run against issue 15's targets; exits 1 on a miss.
+
+Reads ``DIR/result-rank*.json`` of ``bench/multigpu/run.py --modes cost,overhead`` and
+prints, per rank:
+
+- the paired step-time ratio of each overhead arm with its 95% bootstrap CI
+  (``bench/overhead_stats.py``), the bare arm's noise, and the rounds a +-0.5% CI would need;
+- the exact figure: CPU of otel-train's own threads in the training process (the emitter)
+  per step and per NCCL collective, from the cost mode's per-thread CPU (a lower bound of the
+  training process's cost: the capture on the training threads is not separable there), and
+  the exporter process's CPU per step;
+- the whole-process CPU difference per step (noisy: the training threads spin on the GPU).
+
+Targets: ratio median <= 1.005; otel-train CPU in the training process <= 5 us per collective
+and <= 0.3% of the step.
+
+    python bench/multigpu/verdict.py DIR [--arm default] [--out FILE.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import overhead_stats as stats  # noqa: E402
+
+OUR_THREADS = ("otel-train-emitter", "OtelBatchSpanRecordProcessor",
+               "OtelBatchLogRecordProcessor", "OtelPeriodicExportingMetricReader")
+TARGETS = [stats.Target("ratio", "<=", 1.005, "step-time ratio (median of rounds)"),
+           stats.Target("us_per_collective", "<=", 5.0, "otel-train CPU per collective", "us"),
+           stats.Target("share_of_step", "<=", 0.003, "otel-train CPU share of a step")]
+
+
+def rank_figures(doc: dict[str, Any], arm: str) -> tuple[dict[str, float | None], list[str]]:
+    lines: list[str] = []
+    figures: dict[str, float | None] = {}
+    over = doc["modes"].get("overhead", {})
+    arms = over.get("arms", {})
+    if arm in arms and "bare" in arms:
+        ratio = stats.paired_ratio(arms["bare"], arms[arm])
+        figures["ratio"] = ratio.median_ratio
+        need = stats.rounds_for_half_width(ratio)
+        lines.append(f"ratio {arm}/bare {ratio.median_ratio:.4f} (95% CI {ratio.ci_low:.4f}-"
+                     f"{ratio.ci_high:.4f}, +-{100 * ratio.half_width:.2f}%, {ratio.rounds} "
+                     f"rounds; +-0.5% would need ~{need}); bare per step median "
+                     f"{1e3 * ratio.bare.median:.1f} ms, p99 {1e3 * ratio.bare.p99:.1f}, max "
+                     f"{1e3 * ratio.bare.max:.1f}, CV {100 * ratio.bare.cv:.1f}%")
+    cost = doc["modes"].get("cost", {})
+    per = cost.get("per_step", {})
+    if arm in per and "bare" in per:
+        ours = sum(v for k, v in per[arm]["threads_s"].items() if k in OUR_THREADS)
+        step_s = statistics.median(per["bare"]["wall_s"])
+        colls = cost.get("nccl_collectives_per_step")
+        figures["share_of_step"] = ours / step_s if step_s else None
+        figures["us_per_collective"] = 1e6 * ours / colls if colls else None
+        added = [1e3 * (a - b) for a, b in zip(per[arm]["cpu_s"], per["bare"]["cpu_s"])]
+        lines.append(
+            f"otel-train threads {1e3 * ours:.2f} ms CPU per step ({100 * ours / step_s:.2f}% of "
+            f"{1e3 * step_s:.1f} ms; {colls or float('nan'):.1f} NCCL collectives per step: "
+            f"{figures['us_per_collective'] or float('nan'):.1f} us each); exporter process "
+            f"{1e3 * statistics.median(per[arm]['children_cpu_s']):.1f} ms per step; whole "
+            f"process CPU added per step (noisy) {[round(a, 1) for a in added]} ms")
+    return figures, lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dir", type=Path)
+    parser.add_argument("--arm", default="default")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    files = sorted(args.dir.glob("result-rank*.json"))
+    if not files:
+        parser.error(f"no result-rank*.json in {args.dir}")
+    missed_all: list[str] = []
+    report = [f"# Overhead verdict: {args.dir.name}, arm {args.arm}", ""]
+    for path in files:
+        doc = json.loads(path.read_text())
+        figures, lines = rank_figures(doc, args.arm)
+        missed = stats.verdict(figures, TARGETS)
+        missed_all += [f"rank {doc['rank']}: {m}" for m in missed]
+        report += [f"## rank {doc['rank']}", "", *[f"- {line}" for line in lines],
+                   f"- missed: {'; '.join(missed) or 'none'}", ""]
+    report.append(f"verdict: {'; '.join(missed_all) or 'all targets met'}")
+    text = "\n".join(report)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 1 if missed_all else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
