@@ -18,6 +18,7 @@ timeout ${RUN_TIMEOUT:-480} torchrun --standalone --nproc-per-node $NGPU bench/m
   | tee $OUT/run.log | grep -v '^\[rank' | cut -c1-400 | tail -40
 cp $R/result-rank*.json $R/emitter-profile-rank*.txt $OUT/ 2>/dev/null
 [ -d $R/normal ] && python3 bench/multigpu/check.py $R > $OUT/check.json 2>&1
+python3 bench/multigpu/verdict.py $R --out $OUT/verdict.md | tail -4
 ls $OUT
 if [ -n "$GPU_TESTS" ]; then
   timeout ${TEST_TIMEOUT:-200} python3 -m pytest tests/gpu -q -p no:cacheprovider -rA \
