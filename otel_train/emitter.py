@@ -413,6 +413,9 @@ class Emitter:
     def total_dropped(self) -> collections.Counter[str]:
         total = collections.Counter(self.recorder.dropped)
         total.update(self.pipeline.dropped)
+        exporter_dropped = getattr(self.pipeline, "exporter_dropped", None)
+        if exporter_dropped is not None:  # the exporter process's own losses
+            total.update(exporter_dropped())
         return total
 
     def report_drops(self) -> None:

@@ -13,8 +13,8 @@ which reach it with its parent's process group: the training process decides whe
 
 from __future__ import annotations
 
-import collections
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -32,6 +32,8 @@ from otel_train.export.providers import Pipeline
 
 #: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
 BACKPRESSURE_S = 2.0
+#: how often the exporter tells the training process what it has dropped, at most
+DROP_REPORT_INTERVAL_S = 0.5
 
 
 def _ctx(t: tuple[int, int, int, bool] | None) -> SpanContext | None:
@@ -47,9 +49,10 @@ class Exporter:
         self.pipeline = pipeline
         self.base_attrs = base_attrs
         self.instruments: dict[int, Any] = {}
-        self.dropped_instrument: Any = None
         self.errors = 0
-        self._reported: collections.Counter[str] = collections.Counter()
+        self._reported: dict[str, int] = {}
+        #: one writer at a time on the socket: the main loop and the drop reporter
+        self.send_lock = threading.Lock()
 
     def apply(self, op: tuple[Any, ...]) -> None:
         kind = op[0]
@@ -83,8 +86,6 @@ class Exporter:
         elif kind == "counter":
             made = meter.create_counter(name, unit=unit, description=description)
             self.instruments[iid] = made.add
-            if name == semconv.METRIC_TELEMETRY_DROPPED:
-                self.dropped_instrument = made
         else:
             self.instruments[iid] = meter.create_gauge(name, unit=unit,
                                                        description=description).set
@@ -114,20 +115,26 @@ class Exporter:
                 if self.errors <= 5:
                     print(f"otel-train exporter: cannot apply {op[0]!r}: {err!r}",
                           file=sys.stderr)
-        self.report_drops()
         return None
 
-    def report_drops(self) -> None:
-        """The exporter's own losses (refused exports, full queues) into the dropped
-        counter; the training process reports what never reached the exporter."""
-        if self.dropped_instrument is None:
-            return
-        for signal_name, count in self.pipeline.dropped.items():
-            delta = count - self._reported[signal_name]
-            if delta > 0:
-                self._reported[signal_name] = count
-                self.dropped_instrument.add(
-                    delta, {**self.base_attrs, semconv.ATTR_SIGNAL: signal_name})
+    def report_drops(self, sock: socket.socket) -> None:
+        """Tell the training process what this exporter has dropped so far (refused exports,
+        full queues), when it changed: its emitter counts it into
+        ``otel_train.telemetry.dropped`` with its own losses, exactly once. Never waits: a
+        report that does not fit is replaced by the next (the counts are absolute)."""
+        with self.send_lock:
+            counts = dict(self.pipeline.dropped)
+            if counts == self._reported:
+                return
+            data = pickle.dumps((remote.REPLY_DROPS, counts), protocol=5)
+            frame = remote._HEADER.pack(len(data)) + data
+            try:
+                sent = sock.send(frame, socket.MSG_DONTWAIT)
+            except OSError:  # full (the next report carries the same counts) or closed
+                return
+            if sent < len(frame):  # never leave half a frame: finish it, it is small
+                sock.sendall(frame[sent:])
+            self._reported = counts
 
 
 def _watch_parent(sock: socket.socket) -> None:
@@ -141,6 +148,17 @@ def _watch_parent(sock: socket.socket) -> None:
                 sock.shutdown(socket.SHUT_RD)
             except OSError:
                 pass
+            return
+
+
+def _report_drops_periodically(exporter: Exporter, sock: socket.socket,
+                               stop: threading.Event) -> None:
+    """Export failures happen on the SDK's export threads, after the batch that caused
+    them: report them within a second even when no batch follows."""
+    while not stop.wait(DROP_REPORT_INTERVAL_S):
+        try:
+            exporter.report_drops(sock)
+        except Exception:  # a closed socket: the main loop ends too
             return
 
 
@@ -161,6 +179,9 @@ def main(fd: int) -> int:
                      daemon=True).start()
     exporter = Exporter(pipeline, {semconv.ATTR_RANK: ident.rank,
                                    semconv.ATTR_RUN_ID: ident.run_id})
+    stop_reports = threading.Event()
+    threading.Thread(target=_report_drops_periodically, args=(exporter, sock, stop_reports),
+                     name="otel-train-drop-reports", daemon=True).start()
     bound = cfg.shutdown_timeout_s
     told = False
     while True:
@@ -169,14 +190,17 @@ def main(fd: int) -> int:
         except (EOFError, OSError):
             break  # the training process is gone: flush what we have, within its bound
         asked = exporter.apply_all(batch)
+        exporter.report_drops(sock)
         if asked is not None:
             bound, told = asked, True
             break
     flushed = pipeline.shutdown(bound)
+    stop_reports.set()
     if told:
-        try:
-            remote.send_message(sock, (remote.REPLY_DONE, dict(pipeline.dropped), flushed))
-        except OSError:
-            pass
+        with exporter.send_lock:
+            try:
+                remote.send_message(sock, (remote.REPLY_DONE, dict(pipeline.dropped), flushed))
+            except OSError:
+                pass
     sock.close()
     return 0

@@ -14,6 +14,9 @@ which releases the GIL while it waits, so a slow exporter slows the emitter (who
 bounded buffer then drops and counts) and never the training thread. An exporter that
 dies is restarted (at most ``MAX_RESTARTS`` times); what it had not taken is counted as
 dropped, and the counts reach the metrics of the next exporter and the user at exit. The
+exporter reports its own losses back after each batch that changed them (absolute counts,
+read without waiting at each drain), so the emitter's dropped counter and ``Instrumentation
+.dropped`` include them, as they do with export in process. The
 exporter reads until the socket closes, so it never outlives the training process (also
 after SIGKILL: the kernel closes the socket), and it holds no shared memory.
 """
@@ -53,6 +56,7 @@ OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
 # replies of the exporter process (pickled, length-prefixed the same way)
 REPLY_READY = "ready"  # (ready, exporter kind, [warning texts])
 REPLY_DONE = "done"  # (done, {signal: dropped}, flushed)
+REPLY_DROPS = "drops"  # (drops, {signal: dropped so far}): sent when the counts change
 
 MAX_RESTARTS = 3
 READY_TIMEOUT_S = 60.0
@@ -88,6 +92,57 @@ def recv_message(sock: socket.socket) -> Any:
     """One message, or raises EOFError when the other side has closed."""
     header = _recv_exactly(sock, _HEADER.size)
     return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0]))
+
+
+class _Inbox:
+    """Replies of the exporter, read without waiting (each drain) or with a bound (at
+    shutdown); whole frames only."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def poll(self, sock: socket.socket) -> list[Any]:
+        """Whatever has arrived, without blocking."""
+        while True:
+            try:
+                chunk = sock.recv(65536, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not chunk:
+                break  # closed: the next send finds out and counts
+            self._buf += chunk
+        return self._frames()
+
+    def wait(self, sock: socket.socket, timeout_s: float) -> list[Any]:
+        """At least one frame, or [] once ``timeout_s`` has passed or the socket closed."""
+        deadline = time.monotonic() + timeout_s
+        frames = self._frames()
+        while not frames:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(65536)
+            except (TimeoutError, OSError):
+                return []
+            finally:
+                sock.settimeout(None)
+            if not chunk:
+                return []
+            self._buf += chunk
+            frames = self._frames()
+        return frames
+
+    def _frames(self) -> list[Any]:
+        out = []
+        while len(self._buf) >= _HEADER.size:
+            (n,) = _HEADER.unpack_from(self._buf)
+            if len(self._buf) < _HEADER.size + n:
+                break
+            out.append(pickle.loads(bytes(self._buf[_HEADER.size:_HEADER.size + n])))
+            del self._buf[:_HEADER.size + n]
+        return out
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -176,9 +231,14 @@ class RemotePipeline:
 
     def __init__(self, cfg: Config, ident: Identity, run_dir: Path | None,
                  on_warning: Callable[[str], None] | None = None) -> None:
-        #: telemetry lost between this process and the exporter (transport, a dead
-        #: exporter); the exporter's own losses are added at shutdown
+        #: telemetry lost on this side: what could not be sent (a dead exporter), and
+        #: what the sources count here (NCCL entries the ring overwrote)
         self.dropped: collections.Counter[str] = collections.Counter()
+        #: the exporters' own losses (refused exports, full queues): the running
+        #: exporter's latest report on top of the final counts of the ones before it
+        self._exporter_live: collections.Counter[str] = collections.Counter()
+        self._exporter_past: collections.Counter[str] = collections.Counter()
+        self._inbox = _Inbox()
         self.kind = choose_exporter(cfg)
         self.meter = _ProxyMeter(self)
         self.restarts = 0
@@ -240,6 +300,7 @@ class RemotePipeline:
                 self.dropped[signal] += 1
         sock, proc = self._sock, self._proc
         self._sock = self._proc = None
+        self._retire_exporter_counts()
         if sock is not None:
             sock.close()
         if proc is not None:
@@ -256,6 +317,26 @@ class RemotePipeline:
         except ExporterUnavailable as err:
             if self.on_warning is not None:
                 self.on_warning(f"otel-train: {err}")
+
+    def _retire_exporter_counts(self) -> None:
+        self._exporter_past.update(self._exporter_live)
+        self._exporter_live = collections.Counter()
+        self._inbox = _Inbox()
+
+    def _take_replies(self, frames: list[Any]) -> Any:
+        """Apply drop reports; return a REPLY_DONE frame if one came."""
+        done = None
+        for frame in frames:
+            if frame[0] == REPLY_DROPS:
+                self._exporter_live = collections.Counter(frame[1])
+            elif frame[0] == REPLY_DONE:
+                self._exporter_live = collections.Counter(frame[1])
+                done = frame
+        return done
+
+    def exporter_dropped(self) -> collections.Counter[str]:
+        """What the exporter processes of this run reported dropping so far."""
+        return self._exporter_past + self._exporter_live
 
     # --- what the emitter makes ---------------------------------------------------------
     def define_instrument(self, definition: tuple[Any, ...]) -> _ProxyInstrument:
@@ -294,6 +375,12 @@ class RemotePipeline:
         """Send what was queued (the emitter calls this after each drain)."""
         ops = self._ops
         if not ops:
+            with self._send_lock:  # nothing to send: still hear the exporter's reports
+                if self._sock is not None:
+                    try:
+                        self._take_replies(self._inbox.poll(self._sock))
+                    except OSError:
+                        pass
             return
         batch = []
         popleft = ops.popleft
@@ -311,6 +398,7 @@ class RemotePipeline:
             self._exporter_lost(batch, "gone")
             return
         try:
+            self._take_replies(self._inbox.poll(sock))
             send_message(sock, batch)
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
             self._exporter_lost(batch, repr(err))
@@ -356,13 +444,17 @@ class RemotePipeline:
         flushed = False
         try:
             send_message(sock, [(OP_SHUTDOWN, max(0.1, deadline - time.monotonic() - 0.2))])
-            sock.settimeout(max(0.1, deadline - time.monotonic()))
-            reply = recv_message(sock)
-            if reply[0] == REPLY_DONE:
-                self.dropped.update(reply[1])
-                flushed = bool(reply[2])
+            while True:
+                frames = self._inbox.wait(sock, max(0.1, deadline - time.monotonic()))
+                if not frames:
+                    break
+                done = self._take_replies(frames)
+                if done is not None:
+                    flushed = bool(done[2])
+                    break
         except (OSError, EOFError, pickle.PickleError):
             pass
+        self._retire_exporter_counts()
         sock.close()
         self._sock = None
         try:
