@@ -119,12 +119,19 @@ def test_the_exporter_never_outlives_a_sigkilled_training_process(tmp_path):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
            "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "3"}
-    proc = subprocess.run([sys.executable, "-c", _SIGKILLED_TRAINER, str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
-    exporter = int(proc.stdout.split()[0])
+    # files, not pipes: an exporter that outlived the trainer would hold a pipe open and
+    # hang this test instead of failing it
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.run([sys.executable, "-c", _SIGKILLED_TRAINER, str(tmp_path)],
+                              env=env, stdout=stdout, stderr=stderr, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err.read_text()[-2000:]
+    exporter = int(out.read_text().split()[0])
     # the socket closed with the trainer: the exporter flushes within the bound and ends
-    assert _wait_gone(exporter, 3 + 5), "the exporter outlived its training process"
+    gone = _wait_gone(exporter, 3 + 5)
+    if not gone:
+        os.kill(exporter, signal.SIGKILL)  # leave nothing behind, then fail
+    assert gone, "the exporter outlived its training process"
     assert (set(os.listdir("/dev/shm")) if shm_before or os.path.isdir("/dev/shm")
             else set()) <= shm_before, "shared memory left behind"
     # what reached it before the kill was flushed, not lost
