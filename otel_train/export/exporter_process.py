@@ -78,6 +78,8 @@ class Exporter:
 
     def _define(self, iid: int, kind: str, name: str, unit: str, description: str,
                 buckets: list[float] | None) -> None:
+        if iid in self.instruments:  # sent again after a restart raced a batch
+            return
         meter = self.pipeline.meter
         if kind == "histogram":
             made = meter.create_histogram(name, unit=unit, description=description,
