@@ -4,7 +4,7 @@
 #   bash scripts/test.sh [pytest args...]
 #
 # Installs: the Python package and test tools (.venv), the OpenTelemetry Collector built from
-# collector/manifest.yaml with Go, Jaeger and Loki (Go tools), kustomize and the CRD checker,
+# collector/manifest.yaml with Go, Jaeger (a Go tool), kustomize and the CRD checker,
 # the dashboards' query checkers, Debian's prometheus/promtool and chromium. Each test starts
 # the servers it uses (collector, Prometheus, chromium) on free loopback ports and stops them.
 # With CI=true, a test that needs a missing binary fails instead of skipping.
@@ -18,10 +18,9 @@ bash scripts/install-system-deps.sh
 log "building the collector (cached after the first build)"
 OTEL_TRAIN_COLLECTOR_BIN="$(bash collector/build.sh | tail -n1)"
 export OTEL_TRAIN_COLLECTOR_BIN
-log "building Jaeger and Loki, the live trace and log backends of otel-train check (cached)"
+log "building Jaeger, the live trace backend of otel-train check (cached)"
 OTEL_TRAIN_JAEGER_BIN="$(bash tools/jaeger/install.sh | tail -n1)"
-OTEL_TRAIN_LOKI_BIN="$(bash tools/loki/install.sh | tail -n1)"
-export OTEL_TRAIN_JAEGER_BIN OTEL_TRAIN_LOKI_BIN
+export OTEL_TRAIN_JAEGER_BIN
 log "installing kustomize and the custom-resource checker (cached)"
 OTEL_TRAIN_KUSTOMIZE_BIN="$(bash k8s/tools/install-kustomize.sh | tail -n1)"
 OTEL_TRAIN_CRDCHECK_BIN="$(bash k8s/tools/install-crdcheck.sh | tail -n1)"

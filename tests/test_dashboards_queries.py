@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -106,11 +107,9 @@ def failures(results: dict[str, dict]) -> list[str]:
 
 
 def rule_expressions() -> list[tuple[str, str, bool]]:
-    """(name, expr, is_alert) of every rule in prometheus/rules.yml."""
-    path = PROMETHEUS_DIR / "rules.yml"
-    if not path.exists():
-        return []
-    groups = yaml.safe_load(path.read_text())["groups"]
+    """(name, expr, is_alert) of every rule in prometheus/rules.yml and kubernetes-mixin.yml."""
+    paths = [PROMETHEUS_DIR / name for name in ("rules.yml", "kubernetes-mixin.yml")]
+    groups = [g for path in paths if path.exists() for g in yaml.safe_load(path.read_text())["groups"]]
     return [
         (r.get("record") or r["alert"], r["expr"], "alert" in r) for g in groups for r in g["rules"]
     ]
@@ -350,7 +349,8 @@ def simulate_rank(
 
 
 def write_test_series(end: float) -> str:
-    """30 minutes of a 4-rank run with a straggler, a hung run, a stopped run, cAdvisor and collector."""
+    """30 minutes of a 4-rank run with a straggler, a hung run, a run with a stopped rank,
+    cAdvisor and collector (failing sends, a full queue, refused data)."""
     rng = random.Random(7)
     f = Families()
     ticks = [end - TICK * i for i in range(60, -1, -1)]
@@ -371,19 +371,30 @@ def write_test_series(end: float) -> str:
             f.histogram(
                 "training_step_duration_seconds", rank_labels("dash-test-hung", rank), t, steps
             )
-        if minutes_left > 10:  # a run that stopped reporting 10 minutes ago
-            for rank in range(2):
+        for rank in range(2):  # a run whose rank 1 stopped reporting 10 minutes ago
+            if rank == 0 or minutes_left > 10:
                 f.histogram(
                     "training_step_duration_seconds",
                     rank_labels("dash-test-stopped", rank),
                     t,
                     [0.5] * 60,
                 )
+        collector = f'{TEST_LABEL},job="otelcol",instance="collector-test:8888"'
         f.counter(
             "otelcol_exporter_send_failed_spans",
-            f'{TEST_LABEL},job="otelcol",instance="collector-test:8888",exporter="otlp_grpc/tempo"',
+            f'{collector},exporter="otlp_grpc/tempo"',
             t,
             5,
+        )
+        # the Tempo exporter's queue nearly full, and the receiver refusing spans
+        queue = f'{collector},exporter="otlp_grpc/tempo",data_type="traces"'
+        f.gauge("otelcol_exporter_queue_size", queue, t, 4900)
+        f.gauge("otelcol_exporter_queue_capacity", queue, t, 5000)
+        f.counter(
+            "otelcol_receiver_refused_spans",
+            f'{collector},receiver="otlp",transport="grpc"',
+            t,
+            50,
         )
     return f.openmetrics()
 
@@ -392,11 +403,14 @@ def write_test_series(end: float) -> str:
 
 
 class DashboardPrometheus(Prometheus):
-    """The repo's prometheus.yml and rules.yml; its self-scrape job (rule and exemplar
-    metrics) pointed at this instance's port."""
+    """The repo's prometheus.yml, rules.yml and kubernetes-mixin.yml; its self-scrape job (rule
+    and exemplar metrics) pointed at this instance's port."""
 
     def write_config(self) -> Path:
         path = super().write_config()
+        # prometheus.yml also loads the kubernetes-mixin's CPUThrottlingHigh (the checklist's
+        # throttling alert): put it beside rules.yml
+        shutil.copy(PROMETHEUS_DIR / "kubernetes-mixin.yml", path.parent / "kubernetes-mixin.yml")
         jobs = [job["job_name"] for job in yaml.safe_load(path.read_text())["scrape_configs"]]
         assert "prometheus" in jobs, jobs
         path.write_text(replace_job_targets(path.read_text(), "prometheus",
@@ -449,7 +463,9 @@ def prometheus(tmp_path_factory) -> Iterator[Prometheus]:
         wait_for(
             "exemplars scraped, rules evaluated, self-scrape",
             lambda: (
-                server.query('ALERTS{alertname="ContainerCPUThrottlingHigh"}')
+                server.query(f'ALERTS{{alertname="{checklist.ALERT_THROTTLING}"}}')
+                # the recording group has run (the throttling alert does not read it)
+                and server.query("training_run_rank:collective_wait_caused:share_of_step5m")
                 and server.query("prometheus_tsdb_exemplar_exemplars_in_storage > 0")
                 and server.query("prometheus_rule_group_rules")
             ),

@@ -352,7 +352,7 @@ def test_pytorchjob_runs_torchrun_with_one_rank_per_gpu():
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         (container,) = replica["template"]["spec"]["containers"]
         assert container["name"] == "pytorch"  # the operator's required name
-        assert container["command"][0] == "torchrun"
+        assert container["command"][2:] == ["torchrun", "/workspace/train.py"]
         assert int(job["spec"]["nprocPerNode"]) == int(container["resources"]["limits"][
             "nvidia.com/gpu"])
 
@@ -368,9 +368,8 @@ def test_indexed_job_runs_torchrun_with_the_completion_index_as_node_rank():
     assert "--node-rank=$JOB_COMPLETION_INDEX" in command
     assert "--nnodes=$(NNODES)" in command and env_value(container, "NNODES") == str(
         job["spec"]["completions"])
-    assert "--rdzv-id=$(JOB_UID)" in command
-    assert env_of(container)["JOB_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == \
-        "metadata.labels['batch.kubernetes.io/controller-uid']"
+    # the rendezvous id comes from launcher-context.sh (PET_RDZV_ID), not the command line
+    assert "--rdzv-id" not in command and "--standalone" not in command
     service = one(objects, "Service", template["spec"]["subdomain"])
     assert service["spec"]["clusterIP"] == "None"
     assert f"--master-addr={job['metadata']['name']}-0.{service['metadata']['name']}" in command

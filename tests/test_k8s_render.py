@@ -39,7 +39,8 @@ TOOLS_BIN = K8S / "tools" / ".bin"
 # included by these.
 KUSTOMIZATIONS = ("base", "overlays/small", "overlays/large", "jobs/pytorchjob",
                   "jobs/indexed-job")
-INCLUDED = ("base/grafana", "jobs/common", "components/gateway-tls")
+INCLUDED = ("base/grafana", "jobs/common", "components/gateway-tls",
+            "components/kube-prometheus-stack")
 OBSERVABILITY = ("base", "overlays/small", "overlays/large")
 JOBS = ("jobs/pytorchjob", "jobs/indexed-job")
 # Oldest and newest Kubernetes minor versions the manifests are checked against.

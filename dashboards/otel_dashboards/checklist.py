@@ -14,8 +14,9 @@ from . import attribution, collectives, compile_health, kit, names, ranks
 
 UID = "otel-train-checklist"
 
-#: alert names read from ALERTS{alertname=...}; they must exist in prometheus/rules.yml
-ALERT_THROTTLING = "ContainerCPUThrottlingHigh"
+#: alert names read from ALERTS{alertname=...}: the kubernetes-mixin's cAdvisor throttling alert
+#: (kube-prometheus-stack's, or prometheus/kubernetes-mixin.yml) and prometheus/rules.yml's
+ALERT_THROTTLING = "CPUThrottlingHigh"
 ALERT_STRAGGLER = "TrainingStragglerRank"
 ALERT_NAMES = (ALERT_THROTTLING, ALERT_STRAGGLER)
 #: straggler skew (slowest rank's p50 / median rank's p50) above which item 7 fails
@@ -183,11 +184,12 @@ def _item_throttling(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.single_stat(
             "Throttling alert state",
-            f'ALERTS{{alertname="{ALERT_THROTTLING}"}}: 0 = inactive, 1 = pending, 2 = firing.',
+            f'ALERTS{{alertname="{ALERT_THROTTLING}"}} in the training namespace (the '
+            "kubernetes-mixin's alert): 0 = inactive, 1 = pending, 2 = firing.",
             [
                 kit.prom(
-                    f'max(2 * (ALERTS{{alertname="{ALERT_THROTTLING}", alertstate="firing"}} == 1)'
-                    f' or (ALERTS{{alertname="{ALERT_THROTTLING}", alertstate="pending"}} == 1)) or vector(0)',
+                    f'max(2 * (ALERTS{{alertname="{ALERT_THROTTLING}", namespace=~"$namespace", alertstate="firing"}} == 1)'
+                    f' or (ALERTS{{alertname="{ALERT_THROTTLING}", namespace=~"$namespace", alertstate="pending"}} == 1)) or vector(0)',
                     "state",
                     instant=True,
                 )
