@@ -4,7 +4,7 @@
 #
 # Cached: skipped when the binary exists and the stamp records the same hash of (go.mod,
 # go.sum, go version). Go's module and build caches stay in their default places, so a
-# rebuild is incremental. Shared by tools/jaeger/install.sh and tools/loki/install.sh.
+# rebuild is incremental. Used by tools/jaeger/install.sh.
 #
 # Usage: tools/build-go-tool.sh DIR NAME PACKAGE VERSION-FLAG [--force]
 set -euo pipefail
