@@ -1,7 +1,9 @@
 """The ``otel-train`` command: ``demo``, ``report``, ``check``.
 
 Each subcommand lives in its own module and registers itself through a
-``register(subparsers)`` function, so this file only lists them.
+``register(subparsers)`` function, so this file only lists them. Only the module of the
+subcommand being run is imported: ``demo`` needs torch (seconds to import), ``report`` and
+``check`` only read files and must start at once, also where torch is not installed.
 """
 
 from __future__ import annotations
@@ -10,33 +12,40 @@ import argparse
 import importlib
 import sys
 
-#: module path of each subcommand; each module defines ``register(subparsers)``
-SUBCOMMANDS = (
-    "otel_train.demo",
-    "otel_train.analysis.cli",
-    "otel_train.check.cli",
-)
+from otel_train import __version__
+
+#: name -> (module defining ``register(subparsers)``, the line ``otel-train --help`` shows)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("otel_train.demo", "train a small model on N CPU ranks, instrumented"),
+    "report": ("otel_train.analysis.cli", "attribution report of a run's exported telemetry"),
+    "check": ("otel_train.check.cli", "verify the production attribution checklist"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with ``command``'s full arguments; the others are listed by name only."""
     parser = argparse.ArgumentParser(
         prog="otel-train",
         description="OpenTelemetry observability for distributed PyTorch training.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as err:
-            if err.name != module_name:
-                raise
-            continue  # a subcommand not built yet in this checkout
-        module.register(subparsers)
+    for name, (module_name, summary) in SUBCOMMANDS.items():
+        if name == command:
+            importlib.import_module(module_name).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=summary)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The subcommand named on the command line (the top level takes no option values)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -3,27 +3,40 @@
 Launches N ranks with gloo, trains a small transformer language model (sharded with FSDP2
 ``fully_shard``, or wrapped in DDP) compiled with ``torch.compile``, on a DataLoader with
 worker processes, writes telemetry to a run directory and prints a per-phase, per-rank
-summary read back from the exported traces.
+summary read back from the exported traces, where the files are and what to run next.
+
+At a terminal it shows only that; when its output is captured (scripts, CI, tests) it also
+passes on every rank's JSON log lines (stderr) and ends with a JSON result line (stdout).
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import shutil
 import socket
 import sys
+import threading
 import time
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+# torch warns at import when numpy is missing, and a plain `pip install` has none; the demo
+# never converts to numpy. Spawned ranks import torch before this module, so they get the
+# same filter through PYTHONWARNINGS (_quiet_numpy_in_children).
+_NUMPY_WARNING = "Failed to initialize NumPy"
+warnings.filterwarnings("ignore", message=_NUMPY_WARNING, category=UserWarning)
 
-from otel_train import semconv
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+from otel_train import semconv  # noqa: E402
 
 VOCAB = 256
 
@@ -94,6 +107,8 @@ def _build(args: argparse.Namespace) -> tuple[nn.Module, torch.optim.Optimizer]:
 def _rank_main(rank: int, args: argparse.Namespace, port: int, results: Any) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.ranks),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if not args.log_lines:
+        sys.stderr = QuietStderr(sys.stderr)
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // args.ranks))
     dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
     import otel_train
@@ -216,18 +231,109 @@ def run(args: argparse.Namespace) -> int:
     args.compile = not args.no_compile
     args.output_dir = str(Path(args.output_dir or os.environ.get(
         "OTEL_TRAIN_OUTPUT_DIR", semconv.OUTPUT_DIR_DEFAULT)).resolve())
+    # A person at a terminal reads progress and the summary; scripts and tests that capture
+    # the output also get every rank's JSON log lines and a final JSON result line.
+    if args.log_lines is None:
+        args.log_lines = not sys.stderr.isatty()
     port = _free_port()
     print(f"otel-train demo: {args.ranks} ranks, {args.parallel}"
           f"{' + torch.compile' if args.compile else ''}, {args.steps} steps",
           file=sys.stderr)
+    _quiet_numpy_in_children()
     results = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_rank_main, args=(args, port, results), nprocs=args.ranks, join=True,
                        start_method="spawn")
     result = results.get()
     if result["run_dir"]:
-        print_summary(Path(result["run_dir"]))
-    print(json.dumps(result))
+        run_dir = Path(result["run_dir"])
+        print_summary(run_dir)
+        print_next_steps(run_dir, result)
+    if not sys.stdout.isatty():
+        print(json.dumps(result))
     return 0
+
+
+def _quiet_numpy_in_children() -> None:
+    """The numpy warning filter, for the spawned ranks (which import torch first thing)."""
+    ignore = f"ignore:{_NUMPY_WARNING}:UserWarning"
+    current = os.environ.get("PYTHONWARNINGS", "")
+    if ignore not in current:
+        os.environ["PYTHONWARNINGS"] = f"{current},{ignore}" if current else ignore
+
+
+def print_next_steps(run_dir: Path, result: dict[str, Any]) -> None:
+    """Where the telemetry is and the two commands that read it."""
+    prog = _prog()
+    root = _shown_path(run_dir.parent)
+    dropped = f"; dropped: {result['dropped']}" if result.get("dropped") else ""
+    print(f"\ntelemetry: {_shown_path(run_dir)}/ (traces, metrics and logs of every rank"
+          f"{dropped})\n"
+          f"next:\n"
+          f"  {prog} report {root}    where the step time went, per rank and phase\n"
+          f"  {prog} check {root}     the production attribution checklist\n")
+
+
+def _prog() -> str:
+    """How the user ran otel-train (``.venv/bin/otel-train`` as in the README, or from PATH),
+    so the printed commands can be pasted as they are."""
+    argv0 = Path(sys.argv[0] if sys.argv else "otel-train")
+    if argv0.name != "otel-train":
+        return "otel-train"  # python -m otel_train.cli
+    on_path = shutil.which("otel-train")
+    if on_path and Path(on_path).resolve() == argv0.resolve():
+        return "otel-train"
+    return _shown_path(argv0)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it, else absolute."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve())) or "."
+    except ValueError:
+        return str(path)
+
+
+class QuietStderr(io.TextIOBase):
+    """A rank's stderr for a person at a terminal: JSON log lines at info or debug level
+    (otel-train's own and the demo's loss lines, all exported to the run's logs too) are
+    dropped; everything else (warnings, errors, tracebacks) passes through."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._pending = ""
+        self._lock = threading.Lock()  # the emitter thread logs too
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            *lines, self._pending = (self._pending + text).split("\n")
+            for line in lines:
+                if not _is_info_log_line(line):
+                    self._stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self._stream.encoding
+
+
+def _is_info_log_line(line: str) -> bool:
+    if not line.startswith("{"):
+        return False
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(record, dict) and record.get("level") in ("debug", "info")
 
 
 def register(subparsers: Any) -> None:
@@ -248,4 +354,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--run-id", help="run id (default: the launcher's, or rank 0's broadcast)")
     p.add_argument("--slow-rank", type=int, default=None,
                    help="make this rank sleep 0.2 s every 5th step (a straggler)")
+    p.add_argument("--log-lines", action=argparse.BooleanOptionalAction, default=None,
+                   help="show every rank's JSON log lines (default: only when stderr is not "
+                   "a terminal); they are in the run's logs either way")
     p.set_defaults(func=run)

@@ -89,9 +89,7 @@ def agree_run_id(explicit: str | None, env: Mapping[str, str] | None = None) -> 
         import torch.distributed as dist
 
         if dist.get_world_size() > 1:
-            box = [fresh if dist.get_rank() == 0 else None]
-            dist.broadcast_object_list(box, src=0)
-            return str(box[0])
+            return broadcast_run_id(fresh)
     elif _int_env(env, "WORLD_SIZE", 1) > 1:
         warnings.warn(
             "otel-train: several ranks but no process group yet and no launcher run id; "
@@ -101,6 +99,44 @@ def agree_run_id(explicit: str | None, env: Mapping[str, str] | None = None) -> 
             stacklevel=3,
         )
     return fresh
+
+
+#: bytes of the run id broadcast: rank 0's fresh id is 16 hex digits, so this has room to spare
+_BROADCAST_BYTES = 64
+
+
+def broadcast_run_id(fresh: str) -> str:
+    """Rank 0's ``fresh`` id on every rank, by one broadcast of a fixed-size byte tensor.
+
+    Not ``broadcast_object_list``: it pickles through a tensor that needs numpy on the
+    receiving ranks, and a plain ``pip install`` has no numpy, which left every rank but 0
+    uninstrumented. A fixed size also makes it one collective instead of two (size, then
+    payload). Runs once at start-up, so the copy back to the host is no concern.
+    """
+    import torch
+    import torch.distributed as dist
+
+    data = fresh.encode("ascii")[:_BROADCAST_BYTES]
+    buf = torch.zeros(_BROADCAST_BYTES, dtype=torch.uint8, device=_collective_device())
+    if dist.get_rank() == 0:
+        buf[: len(data)] = torch.tensor(list(data), dtype=torch.uint8)
+    dist.broadcast(buf, src=0)
+    received = bytes(buf.cpu().tolist()).rstrip(b"\0").decode("ascii", errors="replace")
+    return sanitize_run_id(received)
+
+
+def _collective_device() -> str:
+    """Where the default group's tensors live: CPU when a CPU backend (gloo) is there, else
+    the accelerator's current device ("cuda" means the current CUDA device, as NCCL needs).
+    This is the rule ``broadcast_object_list`` used, so NCCL-only jobs behave as before."""
+    from torch.distributed import distributed_c10d as c10d
+
+    pick = getattr(c10d, "_get_object_coll_device", None)  # private; present in torch 2.4+
+    if pick is not None:
+        return str(pick())
+    import torch.distributed as dist
+
+    return "cuda" if str(dist.get_backend()) == "nccl" else "cpu"
 
 
 def resolve(explicit_run_id: str | None, env: Mapping[str, str] | None = None) -> Identity:

@@ -1,11 +1,26 @@
-"""The report as rich tables in the terminal."""
+"""The report as rich tables in the terminal, fitted to its width.
+
+rich squeezes a table wider than the terminal by cutting headers and cells (``ste…``,
+``med…``), which is unreadable exactly where people paste reports: an 80-column terminal or
+a file (rich assumes 80 columns when not writing to a terminal). So each table is printed in
+the first of its layouts that cuts nothing, and otherwise as one block per row, which wraps
+at spaces and never cuts.
+"""
 
 from __future__ import annotations
 
-from rich.console import Console
+import io
+from collections.abc import Sequence
+
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
 from otel_train.analysis.model import Report
+
+#: what rich draws where a header or cell did not fit its column
+CUT_MARK = "…"
 
 
 def fmt_s(seconds: float | None) -> str:
@@ -33,13 +48,70 @@ def fmt_bytes(value: float | None) -> str:
 def render_terminal(report: Report, console: Console | None = None) -> None:
     console = console or Console()
     console.print(_header(report))
-    for table in (_phase_table(report), _slow_table(report), _collective_table(report),
-                  _resource_table(report)):
+    if report.rank_rows:
+        # one wide table; else step times and phase shares apart; else one block per rank
+        print_fitted(console, [_phase_table(report)],
+                     [_step_time_table(report), _phase_share_table(report)])
+    for table in (_slow_table(report), _collective_table(report), _resource_table(report)):
         if table.row_count:
-            console.print(table)
+            print_fitted(console, [table])
     console.print(_compile_line(report))
     if any(report.dropped.values()):
         console.print(f"[bold red]telemetry dropped[/]: {report.dropped}")
+
+
+# --- fitting the terminal --------------------------------------------------------------------
+
+
+def print_fitted(console: Console, *layouts: Sequence[Table]) -> None:
+    """Print the first layout (a sequence of tables) in which no table is cut at the
+    console's width; when every one is, the first layout's tables one block per row."""
+    for tables in layouts:
+        if not any(is_cut(console, table) for table in tables):
+            for table in tables:
+                console.print(table)
+            return
+    for table in layouts[0]:
+        console.print(vertical(table))
+
+
+def is_cut(console: Console, table: Table) -> bool:
+    """Whether rich would cut a header or cell of ``table`` at ``console``'s width."""
+    scratch = Console(file=io.StringIO(), width=console.width, color_system=None,
+                      legacy_windows=False)
+    scratch.print(table)
+    return CUT_MARK in scratch.file.getvalue()  # type: ignore[attr-defined]
+
+
+def vertical(table: Table) -> RenderableType:
+    """``table`` as one block per row: the first cell as a label, then "header value" pairs
+    that wrap at spaces, for terminals too narrow for its columns."""
+    headers = [_plain(column.header) for column in table.columns]
+    cells = [[_text(cell) for cell in column.cells] for column in table.columns]
+    blocks: list[RenderableType] = []
+    if table.title:
+        blocks.append(Text(_plain(table.title), style="bold"))
+    for index, row in enumerate(table.rows):
+        label = Text(f"{headers[0]} ", style=row.style or "bold")
+        label.append_text(cells[0][index])
+        pairs = Text("; ").join(
+            Text(f"{header} ").append_text(column[index])
+            for header, column in zip(headers[1:], cells[1:]) if column[index].plain)
+        blocks += [label, Padding(pairs, (0, 0, 0, 2), expand=False)]
+    return Group(*blocks)
+
+
+def _text(cell: RenderableType) -> Text:
+    if isinstance(cell, Text):
+        return cell
+    return Text.from_markup(str(cell)) if isinstance(cell, str) else Text(str(cell))
+
+
+def _plain(value: RenderableType) -> str:
+    return _text(value).plain.replace("\n", " ")
+
+
+# --- the tables ------------------------------------------------------------------------------
 
 
 def _header(report: Report) -> str:
@@ -53,19 +125,37 @@ def _header(report: Report) -> str:
     return "\n".join(lines)
 
 
+PHASE_TITLE = "Where the step time went, per rank: mean ms per sampled step, share"
+
+
 def _phase_table(report: Report) -> Table:
-    table = Table(title="Where the step time went, per rank: mean ms per sampled step, share")
-    for column in ("rank", "steps", "median", "p95", "max"):
-        table.add_column(column, justify="right")
-    for phase in report.phases:
-        table.add_column(phase.replace("_", " "), justify="right")
+    return _per_rank_table(report, PHASE_TITLE, times=True, phases=True)
+
+
+def _step_time_table(report: Report) -> Table:
+    return _per_rank_table(report, "Step time per rank", times=True, phases=False)
+
+
+def _phase_share_table(report: Report) -> Table:
+    return _per_rank_table(report, PHASE_TITLE, times=False, phases=True)
+
+
+def _per_rank_table(report: Report, title: str, times: bool, phases: bool) -> Table:
+    table = Table(title=title)
+    headers = ["rank"] + (["steps", "median", "p95", "max"] if times else [])
+    headers += [phase.replace("_", " ") for phase in report.phases] if phases else []
+    for header in headers:
+        table.add_column(header, justify="right")
     for row in report.rank_rows:
-        step_mean = sum(row.phase_mean_s.values()) or 1.0
-        cells = [f"{row.phase_mean_s[p] * 1e3:.1f} {row.phase_mean_s[p] / step_mean:.0%}"
-                 for p in report.phases]
+        cells = [str(row.rank)]
+        if times:
+            cells += [str(row.steps), fmt_s(row.median_s), fmt_s(row.p95_s), fmt_s(row.max_s)]
+        if phases:
+            step_mean = sum(row.phase_mean_s.values()) or 1.0
+            cells += [f"{row.phase_mean_s[p] * 1e3:.1f} {row.phase_mean_s[p] / step_mean:.0%}"
+                      for p in report.phases]
         style = "bold red" if row.rank == report.straggler else None
-        table.add_row(str(row.rank), str(row.steps), fmt_s(row.median_s), fmt_s(row.p95_s),
-                      fmt_s(row.max_s), *cells, style=style)
+        table.add_row(*cells, style=style)
     return table
 
 

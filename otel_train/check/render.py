@@ -5,27 +5,52 @@ from __future__ import annotations
 import json
 from typing import TextIO
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
 from rich.table import Table
+from rich.text import Text
 
+from otel_train.analysis.terminal import is_cut
 from otel_train.check.model import FAIL, PASS, CheckResult, failed
 
 STYLE = {PASS: "green", FAIL: "bold red"}
+TITLE = "Production attribution checklist"
 
 
 def render_table(results: list[CheckResult], console: Console | None = None) -> None:
+    """The verdicts as a table where it fits the console without cutting a word (ids such
+    as ``same_trace_across_ranks`` need about 110 columns), else one block per item."""
     console = console or Console()
-    table = Table(title="Production attribution checklist", show_lines=True)
-    for column in ("item", "status", "evidence", "fix"):
-        table.add_column(column, overflow="fold")
-    for r in results:
-        style = STYLE.get(r.status, "dim")
-        table.add_row(f"{r.id}\n[dim]{r.item}[/]", f"[{style}]{r.status}[/]", r.evidence, r.fix)
-    console.print(table)
+    table = _table(results)
+    console.print(_blocks(results) if is_cut(console, table) else table)
     verdict = "[bold red]FAIL[/]" if failed(results) else "[green]PASS[/]"
     counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, FAIL)}
     console.print(f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, "
                   f"{len(results) - counts[PASS] - counts[FAIL]} not applicable")
+
+
+def _table(results: list[CheckResult]) -> Table:
+    table = Table(title=TITLE, show_lines=True)
+    for column in ("item", "status", "evidence", "fix"):
+        table.add_column(column)  # cut, not folded, where too narrow: render_table checks
+    for r in results:
+        style = STYLE.get(r.status, "dim")
+        table.add_row(f"{r.id}\n[dim]{r.item}[/]", f"[{style}]{r.status}[/]", r.evidence, r.fix)
+    return table
+
+
+def _blocks(results: list[CheckResult]) -> RenderableType:
+    """One block per item: status and id, then what it checks, the evidence and the fix,
+    indented; text wraps at spaces instead of being cut."""
+    blocks: list[RenderableType] = [Text(TITLE, style="bold")]
+    for r in results:
+        head = Text(f"{r.status:<4}", style=STYLE.get(r.status, "dim"))
+        head.append(f"  {r.id}", style="bold")
+        body = [Text(r.item, style="dim"), Text(r.evidence)]
+        if r.fix:
+            body.append(Text(f"fix: {r.fix}"))
+        blocks += [head, Padding(Group(*body), (0, 0, 0, 2), expand=False)]
+    return Group(*blocks)
 
 
 def write_json(results: list[CheckResult], out: TextIO) -> None:
