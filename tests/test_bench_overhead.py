@@ -62,6 +62,14 @@ def test_pairing_cancels_drift_that_unpaired_spread_would_show() -> None:
     assert r.half_width < 0.002
 
 
+def test_paired_difference_resolves_a_known_added_cost() -> None:
+    bare, _ = _rounds(1.0, 0.001)
+    inst = [b + 0.25 + 0.01 * ((i % 5) - 2) for i, b in enumerate(bare)]
+    d = stats.paired_difference(bare, inst)
+    assert d.contains(0.25) and not d.contains(0.0)
+    assert stats.paired_difference(bare, list(bare)).contains(0.0)
+
+
 def test_paired_ratio_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="differ in length"):
         stats.paired_ratio([1.0, 2.0], [1.0])
@@ -104,7 +112,8 @@ def test_verdict_lists_missed_and_unmeasured_targets() -> None:
 
 def test_environment_table_names_machine_versions_and_date() -> None:
     text = stats.environment_markdown()
-    for key in ("platform", "cpu_count", "python", "torch", "opentelemetry-sdk", "date"):
+    for key in ("platform", "cpu_count", "python", "torch", "opentelemetry-sdk", "commit",
+                "date"):
         assert f"| {key} |" in text
     assert stats.markdown_table(["a"], [["x|y"]]).splitlines()[-1] == "| x\\|y |"
 
@@ -131,6 +140,9 @@ def test_cpu_benchmark_quick_run_measures_and_judges_itself(tmp_path: Path) -> N
         assert arm["ratio"]["rounds"] == report["plan"]["rounds"]
         assert arm["ratio"]["ci_low"] <= arm["ratio"]["median_ratio"] <= arm["ratio"]["ci_high"]
         assert arm["threads_added_per_step_us"]
+        assert math.isfinite(arm["own_threads_cpu_per_step_us"]["median"])
+        in_block = arm["in_block_cpu_added_per_step_us"]
+        assert in_block["ci_low"] <= in_block["median"] <= in_block["ci_high"]
     assert all(math.isfinite(v) for v in figures.values())
     # the benchmark's verdict follows from its own numbers, and its exit status from the verdict
     targets = [stats.Target(**t) for t in report["verdict"]["target_specs"]]
