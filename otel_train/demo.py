@@ -82,6 +82,13 @@ class CopyTask(Dataset):
         return pattern.repeat(self.seq_len // period + 2)[: self.seq_len + 1]
 
 
+def _seconds(raw: str) -> float:
+    value = float(raw)
+    if not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds from 0 to 60")
+    return value
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -140,7 +147,7 @@ def _train(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader,
         if step >= args.steps:
             break
         if args.slow_rank == rank and step % 5 == 4:
-            time.sleep(0.2)  # a deliberate straggler, for the report to find
+            time.sleep(args.slow_s)  # a deliberate straggler, for the report to find
         inputs, targets = batch[:, :-1], batch[:, 1:]
         logits = model(inputs)
         loss = nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1))
@@ -353,7 +360,9 @@ def register(subparsers: Any) -> None:
                    "(default $OTEL_TRAIN_OUTPUT_DIR or ./otel-train-runs)")
     p.add_argument("--run-id", help="run id (default: the launcher's, or rank 0's broadcast)")
     p.add_argument("--slow-rank", type=int, default=None,
-                   help="make this rank sleep 0.2 s every 5th step (a straggler)")
+                   help="make this rank sleep --slow-s every 5th step (a straggler)")
+    p.add_argument("--slow-s", type=_seconds, default=0.2,
+                   help="how long the --slow-rank sleeps (default 0.2 s)")
     p.add_argument("--log-lines", action=argparse.BooleanOptionalAction, default=None,
                    help="show every rank's JSON log lines (default: only when stderr is not "
                    "a terminal); they are in the run's logs either way")

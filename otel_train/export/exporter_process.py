@@ -32,6 +32,8 @@ from otel_train.export.providers import Pipeline
 
 #: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
 BACKPRESSURE_S = 2.0
+#: the exporter's niceness above the training process's (os.nice): ~1/10 of a busy core
+NICENESS = 10
 #: how often the exporter tells the training process what it has dropped, at most
 DROP_REPORT_INTERVAL_S = 0.5
 
@@ -164,7 +166,18 @@ def _report_drops_periodically(exporter: Exporter, sock: socket.socket,
             return
 
 
+def _yield_cpu_to_training() -> None:
+    """Run at a lower priority than the training process: where cores are scarce (a CPU
+    job, a host with a rank per core), the training threads come first and export takes
+    what is left; where a core is idle, as on GPU hosts, nothing changes."""
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
+
+
 def main(fd: int) -> int:
+    _yield_cpu_to_training()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
