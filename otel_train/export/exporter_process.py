@@ -4,8 +4,9 @@ Started by :class:`otel_train.export.remote.RemotePipeline` as a fresh interpret
 fork of the training process, which may hold CUDA state), it never imports torch. It reads
 batches of operations from its socket, turns them into spans, metric points and log records
 with the ordinary :class:`~otel_train.export.providers.Pipeline` (so files, OTLP, counting
-and flushing are exactly what they are in process) and counts its own losses into
-``otel_train.telemetry.dropped``. It ends when told to (after a bounded flush, replying with
+and flushing are exactly what they are in process) and reports its own losses back to the
+training process, whose emitter counts them into ``otel_train.telemetry.dropped``. It runs
+at a lower priority than training (niceness +10). It ends when told to (after a bounded flush, replying with
 its counts) or when the socket closes or its parent changes: the training process is gone,
 so it flushes within the run's shutdown bound and exits. It ignores SIGINT and SIGTERM,
 which reach it with its parent's process group: the training process decides when it ends.
