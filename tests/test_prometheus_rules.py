@@ -4,7 +4,6 @@ and quiet, routes by namespace, and links a runbook section that exists."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import yaml
@@ -130,29 +129,31 @@ def test_every_alert_is_tested_both_firing_and_quiet():
 
 def test_unit_tests_catch_a_broken_threshold(tmp_path):
     # The unit tests have teeth: loosen one alert and they fail.
-    shutil.copy(RULES_TEST, tmp_path / "rules_test.yml")
-    shutil.copy(RULES, tmp_path / "rules.yml")
-    text = MIXIN.read_text()
-    broken = text.replace("> ( 25 / 100 )", "> ( 5 / 100 )")
-    assert broken != text
-    (tmp_path / "kubernetes-mixin.yml").write_text(broken)
-    result = subprocess.run([promtool_binary(), "test", "rules", "rules_test.yml"],
-                            capture_output=True, text=True, timeout=120, cwd=tmp_path)
-    assert result.returncode != 0
-    assert "CPUThrottlingHigh" in result.stdout + result.stderr
+    output = _unit_tests_on_broken_copy(tmp_path, MIXIN, "> ( 25 / 100 )", "> ( 5 / 100 )")
+    assert "CPUThrottlingHigh" in output
 
 
 def test_unit_tests_catch_a_stopped_reporting_alert_that_ignores_finished_runs(tmp_path):
     # Without the "another rank of the run still reports" condition, cleanly finished runs page.
-    shutil.copy(RULES_TEST, tmp_path / "rules_test.yml")
-    shutil.copy(MIXIN, tmp_path / "kubernetes-mixin.yml")
-    text = RULES.read_text()
-    broken = text.replace("          and on (training_run_id)\n"
-                          "          max by (training_run_id) (training_step_duration_seconds_count)\n",
-                          "")
-    assert broken != text
-    (tmp_path / "rules.yml").write_text(broken)
+    output = _unit_tests_on_broken_copy(
+        tmp_path, RULES,
+        "          and on (training_run_id)\n"
+        "          max by (training_run_id) (training_step_duration_seconds_count)\n", "")
+    assert "run-done" in output
+
+
+def _unit_tests_on_broken_copy(tmp_path, broken_file, old: str, new: str) -> str:
+    """Run the promtool unit tests on copies of the rule files with ``old`` replaced by
+    ``new`` in ``broken_file``; they must fail. Returns promtool's output."""
+    for src, name in ((RULES_TEST, "rules_test.yml"), (RULES, "rules.yml"),
+                      (MIXIN, "kubernetes-mixin.yml")):
+        text = src.read_text()
+        if src == broken_file:
+            broken = text.replace(old, new)
+            assert broken != text
+            text = broken
+        (tmp_path / name).write_text(text)
     result = subprocess.run([promtool_binary(), "test", "rules", "rules_test.yml"],
                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode != 0
-    assert "run-done" in result.stdout + result.stderr
+    return result.stdout + result.stderr

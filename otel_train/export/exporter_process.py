@@ -27,7 +27,6 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_train import semconv
 from otel_train.export import remote
 from otel_train.export.providers import Pipeline
 
@@ -48,9 +47,8 @@ def _ctx(t: tuple[int, int, int, bool] | None) -> SpanContext | None:
 class Exporter:
     """Applies operations to a Pipeline; counts what it could not apply."""
 
-    def __init__(self, pipeline: Pipeline, base_attrs: dict[str, Any]) -> None:
+    def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
-        self.base_attrs = base_attrs
         self.instruments: dict[int, Any] = {}
         self.errors = 0
         self._reported: dict[str, int] = {}
@@ -193,8 +191,7 @@ def main(fd: int) -> int:
                                [str(w.message) for w in caught]))
     threading.Thread(target=_watch_parent, args=(sock,), name="otel-train-parent-watch",
                      daemon=True).start()
-    exporter = Exporter(pipeline, {semconv.ATTR_RANK: ident.rank,
-                                   semconv.ATTR_RUN_ID: ident.run_id})
+    exporter = Exporter(pipeline)
     stop_reports = threading.Event()
     threading.Thread(target=_report_drops_periodically, args=(exporter, sock, stop_reports),
                      name="otel-train-drop-reports", daemon=True).start()

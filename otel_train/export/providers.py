@@ -34,7 +34,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
-from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -48,27 +48,6 @@ Dropped = collections.Counter  # signal -> count
 _SAMPLED_FLAGS = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED_FLAGS = TraceFlags(TraceFlags.DEFAULT)
 _UNSET_STATUS = trace.Status(trace.StatusCode.UNSET)
-
-
-class PresetIdGenerator(IdGenerator):
-    """Random ids, unless the (single) emitter thread preset the next ones.
-
-    The emitter creates spans whose ids are fixed in advance: derived ones that other ranks
-    compute too, and the ones the training thread handed to log lines.
-    """
-
-    def __init__(self) -> None:
-        self._random = RandomIdGenerator()
-        self.next_span_id = 0
-        self.next_trace_id = 0
-
-    def generate_span_id(self) -> int:
-        span_id, self.next_span_id = self.next_span_id, 0
-        return span_id or self._random.generate_span_id()
-
-    def generate_trace_id(self) -> int:
-        trace_id, self.next_trace_id = self.next_trace_id, 0
-        return trace_id or self._random.generate_trace_id()
 
 
 # --- counting wrappers -------------------------------------------------------------------
@@ -293,7 +272,9 @@ class Pipeline:
 
     def __init__(self, cfg: Config, ident: Identity, run_dir: Path | None) -> None:
         self.dropped: Dropped = collections.Counter()
-        self.ids = PresetIdGenerator()
+        #: random ids where a span has no preset one (Pipeline.span takes preset ids as
+        #: arguments: derived ones other ranks compute too, and those handed to log lines)
+        self.ids = RandomIdGenerator()
         self.kind = choose_exporter(cfg)
         self.resource = build_resource(cfg, ident)
         exporters = self._exporters(cfg, ident, run_dir)
