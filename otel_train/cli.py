@@ -1,4 +1,4 @@
-"""The ``otel-train`` command: ``demo``, ``report``, ``check``.
+"""The ``otel-train`` command: ``demo``, ``report``, ``check``, ``nccl-plugin``.
 
 Each subcommand lives in its own module and registers itself through a
 ``register(subparsers)`` function, so this file only lists them. Only the module of the
@@ -19,6 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("otel_train.demo", "train a small model on N CPU ranks, instrumented"),
     "report": ("otel_train.analysis.cli", "attribution report of a run's exported telemetry"),
     "check": ("otel_train.check.cli", "verify the production attribution checklist"),
+    "nccl-plugin": ("otel_train.nccl.cli", "build otel-train's NCCL profiler plugin, print "
+                    "its path (for NCCL_PROFILER_PLUGIN)"),
 }
 
 

@@ -93,6 +93,10 @@ class Config:
     #: (spawned, never forked) so that none of that work holds the training process's
     #: interpreter; False: on a thread of the training process (docs/overhead.md)
     export_process: bool = True
+    #: NCCL: record collectives with otel-train's NCCL profiler plugin (built with the
+    #: system's C compiler, named in NCCL_PROFILER_PLUGIN) instead of reading the flight
+    #: recorder; falls back to the flight recorder where it cannot load (docs/collectives.md)
+    nccl_plugin: bool = True
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -224,6 +228,8 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
                                    f"one of {', '.join(COLLECTIVE_SPANS)}"),
         "export_process": _parse(env, "OTEL_TRAIN_EXPORT_PROCESS", _bool, d.export_process,
                                  "true or false"),
+        "nccl_plugin": _parse(env, "OTEL_TRAIN_NCCL_PLUGIN", _bool, d.nccl_plugin,
+                              "true or false"),
         "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
                               "true or false"),
         "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,

@@ -126,7 +126,7 @@ class Emitter:
         self._step_listeners: list[Callable[[StepInfo], None]] = []
         self._pre_step_listeners: list[Callable[[StepInfo], None]] = []
         self._tick_listeners: list[Callable[[], None]] = []
-        self._step_gates: list[Callable[[int], bool]] = []
+        self._step_gates: list[Callable[[int, int], bool]] = []
         self._held_steps: collections.deque[tuple[Any, ...]] = collections.deque()
         self._max_held_steps = 0
         self._reported_drops: collections.Counter[str] = collections.Counter()
@@ -178,20 +178,22 @@ class Emitter:
         or not: for sources that watch something over time (a collective that never ends)."""
         self._tick_listeners.append(listener)
 
-    def hold_steps(self, ready: Callable[[int], bool], max_held: int = 64) -> None:
+    def hold_steps(self, ready: Callable[..., bool], max_held: int = 64,
+                   with_end: bool = False) -> None:
         """Hold finished steps back, in order, until ``ready(step)`` (their GPU events
-        resolved, say); at most ``max_held`` wait, and the last pump waits at most a second
+        resolved, say), or ``ready(step, end)`` with the step's end on the perf_counter clock
+        if ``with_end``; at most ``max_held`` wait, and the last pump waits at most a second
         before it emits what is still held."""
-        self._step_gates.append(ready)
+        self._step_gates.append(ready if with_end else (lambda step, end: ready(step)))
         self._max_held_steps = max(self._max_held_steps, max_held)
 
     def _release_steps(self, final: bool = False) -> None:
         held = self._held_steps
         deadline = time.monotonic() + (1.0 if final else 0.0)
         while held:
-            step = held[0][1]
+            step, end = held[0][1], held[0][3]
             if (len(held) <= self._max_held_steps
-                    and not all(ready(step) for ready in self._step_gates)):
+                    and not all(ready(step, end) for ready in self._step_gates)):
                 if not final:
                     return
                 if time.monotonic() < deadline:
@@ -361,6 +363,11 @@ class Emitter:
                 semconv.ATTR_MICRO_BATCH: micro, **over.get("attributes", {}),
             }, span_id=span_id, error=over.get("error"))
             info.phase_spans.append((phase, micro, ctx, start, end))
+
+    def collectives(self, spec: Any, rows: list[tuple[int, ...]], duration: Any,
+                    size: Any) -> None:
+        """A step's NCCL plugin records: spans and points made where spans are built."""
+        self.pipeline.collectives(spec, rows, duration, size)
 
     def exemplar_context(self, info: StepInfo) -> otel_context.Context | None:
         """The context that binds a step's metric points to its span (made once a step:

@@ -9,7 +9,11 @@ prints, per rank:
   per step and per NCCL collective, from the cost mode's per-thread CPU (a lower bound of the
   training process's cost: the capture on the training threads is not separable there), and
   the exporter process's CPU per step;
-- the whole-process CPU difference per step (noisy: the training threads spin on the GPU).
+- the whole-process CPU difference per step (noisy: the training threads spin on the GPU);
+- with otel-train's NCCL plugin (``DIR/plugin-cost.json`` from bench/nccl/plugin_cost.c):
+  the plugin's own C work per collective on NCCL's threads is added to the exact figure, and
+  with ``--baseline DIR0`` (the cost mode without the plugin) so is the growth of the CPU of
+  NCCL's and torch's own threads in bare blocks (the proxy thread polls for kernel stamps).
 
 Targets: ratio median <= 1.005; otel-train CPU in the training process <= 5 us per collective
 and <= 0.3% of the step.
@@ -31,12 +35,26 @@ import overhead_stats as stats  # noqa: E402
 
 OUR_THREADS = ("otel-train-emitter", "OtelBatchSpanRecordProcessor",
                "OtelBatchLogRecordProcessor", "OtelPeriodicExportingMetricReader")
+TRAINING_THREADS = ("MainThread",)  # and pt_autograd_*: the training's own work
 TARGETS = [stats.Target("ratio", "<=", 1.005, "step-time ratio (median of rounds)"),
            stats.Target("us_per_collective", "<=", 5.0, "otel-train CPU per collective", "us"),
            stats.Target("share_of_step", "<=", 0.003, "otel-train CPU share of a step")]
 
 
-def rank_figures(doc: dict[str, Any], arm: str) -> tuple[dict[str, float | None], list[str]]:
+def _native_threads_s(doc: dict[str, Any]) -> float | None:
+    """CPU per step of the bare arm's threads that are neither training threads nor ours
+    (NCCL's proxy, torch's watchdog, CUDA's event handler)."""
+    per = doc["modes"].get("cost", {}).get("per_step", {})
+    if "bare" not in per:
+        return None
+    return sum(v for k, v in per["bare"]["threads_s"].items()
+               if k not in TRAINING_THREADS and not k.startswith("pt_autograd")
+               and k not in OUR_THREADS)
+
+
+def rank_figures(doc: dict[str, Any], arm: str, plugin: dict[str, Any] | None = None,
+                 baseline: dict[str, Any] | None = None
+                 ) -> tuple[dict[str, float | None], list[str]]:
     lines: list[str] = []
     figures: dict[str, float | None] = {}
     over = doc["modes"].get("overhead", {})
@@ -56,6 +74,22 @@ def rank_figures(doc: dict[str, Any], arm: str) -> tuple[dict[str, float | None]
         ours = sum(v for k, v in per[arm]["threads_s"].items() if k in OUR_THREADS)
         step_s = statistics.median(per["bare"]["wall_s"])
         colls = cost.get("nccl_collectives_per_step")
+        if plugin is not None and colls:
+            c_s = plugin["total_ns"] * 1e-9 * colls
+            lines.append(f"NCCL plugin's C work {plugin['total_ns']:.0f} ns per collective "
+                         f"({plugin['channels']} channels; enqueue thread "
+                         f"{plugin['enqueue_thread_ns']:.0f}, proxy thread "
+                         f"{plugin['proxy_thread_ns']:.0f}, reads {plugin['read_ns']:.1f}): "
+                         f"{1e3 * c_s:.3f} ms per step, added to the exact figure")
+            ours += c_s
+        if baseline is not None:
+            with_plugin, without = _native_threads_s(doc), _native_threads_s(baseline)
+            if with_plugin is not None and without is not None:
+                grown = max(0.0, with_plugin - without)
+                lines.append(f"NCCL/torch native threads in bare blocks: {1e3 * with_plugin:.2f} "
+                             f"ms per step with the plugin, {1e3 * without:.2f} without: "
+                             f"{1e3 * grown:.2f} ms added to the exact figure")
+                ours += grown
         figures["share_of_step"] = ours / step_s if step_s else None
         figures["us_per_collective"] = 1e6 * ours / colls if colls else None
         added = [1e3 * (a - b) for a, b in zip(per[arm]["cpu_s"], per["bare"]["cpu_s"])]
@@ -73,7 +107,10 @@ def main() -> int:
     parser.add_argument("dir", type=Path)
     parser.add_argument("--arm", default="default")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--baseline", type=Path, help="the same cost run without the plugin")
     args = parser.parse_args()
+    plugin_file = args.dir / "plugin-cost.json"
+    plugin = json.loads(plugin_file.read_text()) if plugin_file.exists() else None
     files = sorted(args.dir.glob("result-rank*.json"))
     if not files:
         parser.error(f"no result-rank*.json in {args.dir}")
@@ -81,7 +118,10 @@ def main() -> int:
     report = [f"# Overhead verdict: {args.dir.name}, arm {args.arm}", ""]
     for path in files:
         doc = json.loads(path.read_text())
-        figures, lines = rank_figures(doc, args.arm)
+        base_file = args.baseline / path.name if args.baseline else None
+        baseline = (json.loads(base_file.read_text())
+                    if base_file is not None and base_file.exists() else None)
+        figures, lines = rank_figures(doc, args.arm, plugin, baseline)
         missed = stats.verdict(figures, TARGETS)
         missed_all += [f"rank {doc['rank']}: {m}" for m in missed]
         report += [f"## rank {doc['rank']}", "", *[f"- {line}" for line in lines],

@@ -74,6 +74,10 @@ class Exporter:
             _, time_ns, observed_ns, parent, severity, severity_text, body, attrs = op
             self.pipeline.emit_log(time_ns, observed_ns, _ctx(parent), severity,
                                    severity_text, body, attrs)
+        elif kind == remote.OP_COLLECTIVES:
+            _, spec, rows, duration_id, size_id = op
+            self.pipeline.collectives(spec, rows, self.instruments[duration_id],
+                                      self.instruments[size_id])
         elif kind == remote.OP_INSTRUMENT:
             self._define(*op[1:])
 
@@ -112,9 +116,7 @@ class Exporter:
                 self.apply(op)
             except Exception as err:  # one bad operation never stops the exporter
                 self.errors += 1
-                signal_name = remote._SIGNAL_OF_OP.get(op[0])
-                if signal_name is not None:
-                    self.pipeline.dropped[signal_name] += 1
+                remote.count_lost(op, self.pipeline.dropped)
                 if self.errors <= 5:
                     print(f"otel-train exporter: cannot apply {op[0]!r}: {err!r}",
                           file=sys.stderr)

@@ -352,6 +352,14 @@ class Pipeline:
             processor.on_end(readable)
         return ctx
 
+    def collectives(self, spec: Any, rows: Sequence[tuple[int, ...]],
+                    duration: Any, size: Any) -> None:
+        """A step's NCCL plugin records (otel_train/nccl/rows.py) as spans and points:
+        ``duration`` and ``size`` record into the duration histogram and size counter."""
+        from otel_train.nccl import rows as nccl_rows
+
+        nccl_rows.expand(spec, rows, self.span, duration, size)
+
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,
                  attributes: dict[str, Any]) -> None:

@@ -52,6 +52,7 @@ OP_SPAN = "S"  # (S, name, parent, start, end, attrs, span_id, trace_id, links, 
 OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs)
 OP_INSTRUMENT = "I"  # (I, id, kind, name, unit, description, buckets or None)
 OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
+OP_COLLECTIVES = "C"  # (C, step spec, plugin records, duration id, size id): nccl/rows.py
 OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
 # replies of the exporter process (pickled, length-prefixed the same way)
 REPLY_READY = "ready"  # (ready, exporter kind, [warning texts])
@@ -74,6 +75,17 @@ _BOOT = (
     "from otel_train.export.exporter_process import main\n"
     "sys.exit(main(int(sys.argv[2])))\n"
 )
+
+
+def count_lost(op: tuple[Any, ...], dropped: collections.Counter[str]) -> None:
+    """Count an operation that will never be applied, by the signals it would have made."""
+    signal = _SIGNAL_OF_OP.get(op[0])
+    if signal is not None:
+        dropped[signal] += 1
+    elif op[0] == OP_COLLECTIVES:  # two points each, and a span each in a sampled step
+        dropped[semconv.SIGNAL_METRICS] += 2 * len(op[2])
+        if op[1].sampled:
+            dropped[semconv.SIGNAL_SPANS] += len(op[2])
 
 
 def ctx_tuple(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
@@ -295,9 +307,7 @@ class RemotePipeline:
     def _exporter_lost(self, ops: Sequence[tuple[Any, ...]], why: str) -> None:
         """Count what did not reach the exporter, and start another one if allowed."""
         for op in ops:
-            signal = _SIGNAL_OF_OP.get(op[0])
-            if signal is not None:
-                self.dropped[signal] += 1
+            count_lost(op, self.dropped)
         sock, proc = self._sock, self._proc
         self._sock = self._proc = None
         self._retire_exporter_counts()
@@ -363,6 +373,13 @@ class RemotePipeline:
                           span_id, trace_id, [ctx_tuple(link) for link in links], error,
                           list(events)))
         return SpanContext(own_trace_id, span_id, False, TraceFlags(flags))
+
+    def collectives(self, spec: Any, rows: Sequence[tuple[int, ...]], duration: Any,
+                    size: Any) -> None:
+        """A step's NCCL plugin records, expanded into spans and points by the exporter;
+        ``duration`` and ``size`` are the ``record``/``add`` of this meter's instruments."""
+        self._ops.append((OP_COLLECTIVES, spec, rows, duration.__self__._id,
+                          size.__self__._id))
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,

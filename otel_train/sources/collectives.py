@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
-from otel_train import semconv
+from otel_train import collectives_math as cmath
+from otel_train import nccl, semconv
 from otel_train.config import ConfigWarning
 from otel_train.export.buckets import SECONDS_BUCKETS
+from otel_train.export.remote import ctx_tuple
+from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.recorder import EVENT
 from otel_train.sources import collectives_capture as capture_mod
-from otel_train.sources import collectives_math as cmath
 from otel_train.sources.collectives_capture import (
     DONE,
     FLUSH,
@@ -102,9 +104,14 @@ class CollectiveSource:
             warnings.warn(f"otel-train: collectives need torch >= 2.6 (found "
                           f"{torch.__version__}); not observed", ConfigWarning, stacklevel=4)
             return
+        if ctx.config.nccl_plugin:
+            _name_the_plugin(ctx.log)
         ledger = self.ledger = Ledger(ctx)
         cap = self.capture = Capture(ctx.recorder.put, ctx.tracker)
-        if ledger.flight_recorder is not None:
+        if ledger.plugin is not None:
+            cap.skip_backends.add("nccl")
+            self.mechanisms.append("nccl_profiler_plugin")
+        elif ledger.flight_recorder is not None:
             cap.skip_backends.add("nccl")
             self.mechanisms.append("nccl_flight_recorder")
         wrapped = cap.wrap_functions()
@@ -124,6 +131,37 @@ class CollectiveSource:
             self.ledger.recorder.put_always((EVENT, RECORD, (FLUSH, time.perf_counter_ns())))
 
 
+def _nccl_groups_bound() -> bool:
+    """Has an NCCL process group created its communicators already (eager initialisation,
+    ``init_process_group(device_id=...)``)? NCCL then loaded its profiler plugin, or failed
+    to, and never tries again in this process."""
+    from otel_train.sources.collectives_nccl import nccl_groups
+
+    return any(getattr(g, "bound_device_id", None) is not None for g in nccl_groups())
+
+
+def _name_the_plugin(log: Any) -> None:
+    """Name otel-train's NCCL plugin in ``NCCL_PROFILER_PLUGIN`` while NCCL can still load it
+    (no NCCL communicator yet); built with the system's C compiler on first use."""
+    from otel_train.sources.collectives_nccl import nccl_groups
+
+    if not nccl_groups() or nccl.ours(os.environ.get(nccl.ENV_NCCL)):
+        return
+    if os.environ.get(nccl.ENV_NCCL):
+        log.info("otel_train.nccl_plugin", used=False,
+                 reason=f"{nccl.ENV_NCCL} names another plugin")
+        return
+    if _nccl_groups_bound():
+        log.info("otel_train.nccl_plugin", used=False,
+                 reason="NCCL communicators existed before instrument(); set "
+                        f"{nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher")
+        return
+    try:
+        nccl.name_to_nccl()
+    except nccl.PluginUnavailable as err:
+        log.warning("otel_train.nccl_plugin", used=False, reason=str(err))
+
+
 class Ledger:
     """The emitter thread's book of collectives: pending, finished, and whose step is whose."""
 
@@ -141,6 +179,27 @@ class Ledger:
         self.stall = StallWatch(ctx.config.stall_timeout_s, ctx.log, self.run_id)
         recorder = FlightRecorder(ctx.identity.world_size)
         self.flight_recorder = recorder if recorder.available() else None
+        # NCCL's collectives from otel-train's profiler plugin, when NCCL loaded it: records
+        # made in C, read in batches, expanded where spans are built (nccl/rows.py); the
+        # flight recorder is then read only to notice that the plugin was not loaded
+        self.plugin = nccl.loaded() if ctx.config.nccl_plugin and recorder.available() else None
+        self._plugin_confirmed = False
+        self._fallback = None
+        if self.plugin is not None:
+            if self.plugin.comms():
+                self._plugin_confirmed = True
+            elif _nccl_groups_bound():
+                self.plugin = None  # NCCL started without it: the flight recorder it is
+            if self.plugin is not None:
+                self._fallback, self.flight_recorder = self.flight_recorder, None
+                self.plugin.read()  # what came before instrumentation belongs to no step
+        self._rows: list[tuple[int, ...]] = []
+        self._rows_for_steps: dict[int, list[tuple[int, ...]]] = {}
+        self._clear_before = 0  # perf ns before which every plugin operation has finished
+        self._plugin_read_at = 0
+        self._stalled: dict[tuple[int, int, int], tuple[int, int, float]] = {}
+        self._groups: dict[int, tuple[str, int]] = {}
+        self._since = time.perf_counter_ns()
         self._harvested_at = 0  # perf ns of the last flight-recorder read
         # Each read dumps and parses the whole buffer with the GIL held (torch offers no
         # incremental read): measured at 2 GPUs, reading it around every step cost 21% of
@@ -163,8 +222,8 @@ class Ledger:
         if self.flight_recorder is not None:
             self.flight_recorder.baseline()
         self._offered: dict[int, int] = {}
-        if self.flight_recorder is not None:
-            emitter.hold_steps(self._read_since, max_held=64)
+        if self.flight_recorder is not None or self.plugin is not None:
+            emitter.hold_steps(self._ready, max_held=64, with_end=True)
         meter = ctx.meter
         self.duration = meter.create_histogram(
             semconv.METRIC_COLLECTIVE_DURATION, unit="s",
@@ -216,6 +275,8 @@ class Ledger:
         elif kind == FLUSH:
             self._harvested_at = 0  # the last read is never skipped
             self.tick()
+            if self.plugin is not None:
+                self._plugin_flush()
             self.emitter._release_steps(final=True)  # steps held for this read go first
             self._flush(payload[1])
 
@@ -236,7 +297,9 @@ class Ledger:
                 del self.pending[coll.key]
                 coll.done = now
                 self._finish(coll)
-        if (self.flight_recorder is not None
+        if self.plugin is not None:
+            self._plugin_tick(now)
+        elif (self.flight_recorder is not None
                 and now - self._harvested_at > self._harvest_interval_ns):
             self._harvest()
         self.stall.check(list(self.pending.values()), now)
@@ -250,9 +313,11 @@ class Ledger:
             self.reads += 1
             self.read_s += (time.perf_counter_ns() - started) / 1e9
 
-    def _read_flight_recorder(self) -> None:
+    def _read_flight_recorder(self, entries: list[dict[str, Any]] | None = None) -> None:
         fr = self.flight_recorder
-        entries = fr.poll()
+        assert fr is not None
+        if entries is None:
+            entries = fr.poll()
         self._account_for_the_ring(fr)
         for entry in entries:
             key = -1 - int(entry["record_id"])
@@ -307,6 +372,106 @@ class Ledger:
                 self.shortest_interval_s = min(self.shortest_interval_s, interval_s)
             self._last_read = (now, fr.highest)
 
+    def _ready(self, step: int, end_perf: int) -> bool:
+        if self.plugin is None:
+            return self.flight_recorder is None or self._read_since(step)
+        if not self._plugin_confirmed:
+            return True  # no NCCL operation yet: nothing to wait for
+        if end_perf > self._clear_before and time.perf_counter_ns() - self._plugin_read_at > 5e6:
+            self._plugin_read()  # asked again (the last pump): look again, cheaply
+        return end_perf <= self._clear_before
+
+    # --- the NCCL profiler plugin ------------------------------------------------------
+    def _plugin_read(self) -> None:
+        """Copy the plugin's new records. What was in flight is asked first: every operation
+        issued before the oldest one still in flight has then finished and been read."""
+        plugin = self.plugin
+        assert plugin is not None
+        self._plugin_read_at = now = time.perf_counter_ns()
+        n, oldest = plugin.in_flight()
+        rows, lost = plugin.read()
+        if rows:
+            since = self._since
+            self._rows.extend(r for r in rows if r[3] >= since)
+            self._plugin_confirmed = True
+        if lost:
+            self._count_lost(lost)
+        self._clear_before = oldest[3] if n else now
+        if n and now - oldest[3] > self.stall.timeout_ns:
+            self._plugin_stall(oldest, now)
+
+    def _plugin_tick(self, now: int) -> None:
+        started = time.perf_counter_ns()
+        try:
+            self._plugin_read()
+            if not self._plugin_confirmed and self._fallback is not None:
+                self._maybe_fall_back(now)
+        finally:
+            self.reads += 1
+            self.read_s += (time.perf_counter_ns() - started) / 1e9
+
+    def _maybe_fall_back(self, now: int) -> None:
+        """NCCL has run collectives without the plugin (it was named too late): read the
+        flight recorder from now on. Checked once a second until the plugin sees one."""
+        if now - self._harvested_at < 1e9:
+            return
+        self._harvested_at = now
+        if self.plugin is not None and self.plugin.comms():
+            self._plugin_confirmed = True
+            return
+        fr = self._fallback
+        assert fr is not None
+        entries = fr.poll()
+        if not entries:
+            return
+        self.log.warning("otel_train.nccl_plugin", used=False,
+                         reason="NCCL ran collectives without loading the plugin (its "
+                                "communicator existed before instrument() named it); set "
+                                f"{nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher",
+                         fallback="nccl_flight_recorder")
+        self.plugin, self.flight_recorder, self._fallback = None, fr, None
+        self._read_flight_recorder(entries)
+
+    def _plugin_stall(self, oldest: tuple[int, ...], now: int) -> None:
+        comm, seq, nbytes, t_issue = oldest[0], oldest[1], oldest[2], oldest[3]
+        key = (comm, seq, oldest[7])
+        if key in self._stalled:
+            return
+        op = op_name(oldest[7])
+        group, size = self._group(comm, oldest[13])
+        coll = Collective(-1, op, "nccl:" + op, "nccl", group, size, nbytes,
+                          nccl.DTYPES[oldest[8]] if oldest[8] < len(nccl.DTYPES) else "", (),
+                          True, t_issue, self.emitter.steps_emitted, seq, "nccl_profiler")
+        self.stall.check([coll], now)
+        self._stalled[key] = (coll.stalled_at + self.offset, coll.span_id,
+                              self.stall.timeout_ns / 1e9)
+
+    def _group(self, comm: int, nranks: int) -> tuple[str, int]:
+        group = self._groups.get(comm)
+        if group is None:
+            name, size, _ = (self.plugin.comms() if self.plugin is not None else {}).get(
+                comm, ("", nranks, 0))
+            group = self._groups[comm] = (name or f"nccl:{comm:016x}", size)
+        return group
+
+    def _plugin_flush(self) -> None:
+        """Instrumentation ends: say what NCCL still had in flight (it ends unmeasured)."""
+        assert self.plugin is not None
+        n, oldest = self.plugin.in_flight()
+        if n and oldest is not None and oldest[3] >= self._since:
+            self.log.warning("otel_train.nccl_in_flight_at_exit", operations=int(n),
+                             oldest_op=op_name(oldest[7]), oldest_seq=oldest[1],
+                             pending_s=round((time.perf_counter_ns() - oldest[3]) / 1e9, 3))
+
+    def _count_lost(self, lost: int) -> None:
+        self.lost += lost
+        self.emitter.pipeline.dropped[semconv.SIGNAL_NCCL_ENTRIES] += lost
+        if self.lost == lost:  # the first time
+            self.log.warning(
+                "otel_train.nccl_records_overwritten", lost=lost,
+                hint="the NCCL plugin's ring (65536 records) filled between two reads of "
+                     "the emitter thread")
+
     def _read_since(self, step: int) -> bool:
         """Emitter gate: has the flight recorder been read since this step was finished?"""
         if len(self._offered) > 256:  # steps the emitter released unasked (over its bound)
@@ -322,6 +487,8 @@ class Ledger:
 
     # --- steps -----------------------------------------------------------------------
     def before_step(self, info: Any) -> None:
+        if self._rows or self.plugin is not None:
+            self._plugin_before_step(info)
         lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
         mine = [c for c in self.finished if c.issue < hi]
         self.finished = [c for c in self.finished if c.issue >= hi]
@@ -343,7 +510,44 @@ class Ledger:
             self._metrics(coll, info)
         self._for_spans[info.step] = mine
 
+    def _plugin_before_step(self, info: Any) -> None:
+        """The step's NCCL operations (issued before its end): exposed communication here,
+        spans and points where spans are built (on_step)."""
+        lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
+        rows = self._rows
+        if not rows:
+            return
+        mine = [r for r in rows if r[3] < hi]
+        if not mine:
+            return
+        self._rows = [r for r in rows if r[3] >= hi] if len(mine) < len(rows) else []
+        compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
+        exposed, total = cmath.exposed_and_total([(r[3], r[4]) for r in mine], [], compute,
+                                                 lo, hi)
+        info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
+            info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
+        if total > 0:
+            self.overlap.set(1.0 - exposed / total, self.base)
+        self._rows_for_steps[info.step] = mine
+
+    def _plugin_on_step(self, info: Any) -> None:
+        rows = self._rows_for_steps.pop(info.step, None)
+        if not rows:
+            return
+        groups = {}
+        for r in rows:
+            if r[0] not in groups:
+                groups[r[0]] = self._group(r[0], r[13])
+        stalled = {k: v for k, v in self._stalled.items() if k[0] in groups}
+        spec = StepSpec(
+            info.step, info.sampled, self.summary, ctx_tuple(info.rank_step_context),
+            [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
+            self.offset, self.base, groups, stalled)
+        self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
+
     def on_step(self, info: Any) -> None:
+        if self._rows_for_steps:
+            self._plugin_on_step(info)
         colls = self._for_spans.pop(info.step, [])
         if not info.sampled:
             return
@@ -478,3 +682,9 @@ class Ledger:
         for coll in self.finished:
             self._metrics(coll, None)
         self.finished = []
+        if self._rows:  # NCCL operations after the last step: points, no spans
+            rows, self._rows = self._rows, []
+            groups = {r[0]: self._group(r[0], r[13]) for r in rows}
+            spec = StepSpec(self.emitter.steps_emitted, False, self.summary, (0, 0, 0, False),
+                            [], self.offset, self.base, groups, {})
+            self.emitter.collectives(spec, rows, self.duration.record, self.size.add)

@@ -30,36 +30,52 @@ def bus_bandwidth_gbps(op: str, nbytes: int, seconds: float, group_size: int) ->
 
 
 def union(intervals: Iterable[Interval]) -> list[Interval]:
-    """Sorted, disjoint intervals covering the same points (empty ones dropped)."""
-    merged: list[list[int]] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
+    """Sorted, disjoint intervals covering the same points (empty ones dropped). Runs on
+    the emitter thread for every step's collectives: plain locals, no per-item lists."""
+    out: list[Interval] = []
+    cur_start = cur_end = 0
+    have = False
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if have and start <= cur_end:
+            if end > cur_end:
+                cur_end = end
         else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
+            if have:
+                out.append((cur_start, cur_end))
+            cur_start, cur_end, have = start, end, True
+    if have:
+        out.append((cur_start, cur_end))
+    return out
 
 
 def clip(intervals: list[Interval], lo: int, hi: int) -> list[Interval]:
-    return [(max(s, lo), min(e, hi)) for s, e in intervals if min(e, hi) > max(s, lo)]
+    return [(s if s > lo else lo, e if e < hi else hi) for s, e in intervals
+            if e > lo and s < hi and e > s]
 
 
 def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
     """Points of ``a`` not in ``b`` (both sorted and disjoint, as :func:`union` gives)."""
     out: list[Interval] = []
-    j = 0
+    append = out.append
+    j, nb = 0, len(b)
     for start, end in a:
         cur = start
-        while j < len(b) and b[j][1] <= cur:
+        while j < nb and b[j][1] <= cur:
             j += 1
         k = j
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
+        while k < nb:
+            b_start, b_end = b[k]
+            if b_start >= end:
+                break
+            if b_start > cur:
+                append((cur, b_start))
+            if b_end > cur:
+                cur = b_end
             k += 1
         if cur < end:
-            out.append((cur, end))
+            append((cur, end))
     return out
 
 

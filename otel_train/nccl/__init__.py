@@ -1,0 +1,178 @@
+"""otel-train's NCCL profiler plugin: build it, name it to NCCL, read its records.
+
+NCCL (2.28 and later) loads a profiler plugin named by ``NCCL_PROFILER_PLUGIN`` when the
+process creates its first communicator, once per process. ``profiler.c`` (this directory)
+records one fixed-size record per collective and point-to-point operation, in C, inside
+NCCL: no Python runs per collective (docs/collectives.md). This module compiles it with the
+system's C compiler into a cache directory (once per source version; ``cc``, or ``$CC``),
+and reads the records through ctypes, a batch at a time, on the emitter thread.
+
+For launchers: ``export NCCL_PROFILER_PLUGIN=$(otel-train nccl-plugin)`` before the training
+processes start; ``instrument()`` sets it itself when no communicator exists yet, which is
+enough unless the process group is created eagerly (``init_process_group(device_id=...)``)
+before ``instrument()``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+ENV_NCCL = "NCCL_PROFILER_PLUGIN"
+SOURCE = Path(__file__).with_name("profiler.c")
+#: struct otp_record (profiler.c): comm, seq, bytes, t_issue, t_done, gpu_start, gpu_stop,
+#: func, dtype, algo, proto, nchannels, flags, nranks
+RECORD = struct.Struct("<QQQqqQQBBBBBBH")
+FUNCS = ("other", "all_gather", "all_reduce", "all_to_all", "broadcast", "gather", "recv",
+         "reduce", "reduce_scatter", "scatter", "send_recv", "send")
+#: profiler.c's TYPES ids -> the flight recorder's (c10) dtype names
+DTYPES = ("", "Char", "Byte", "Int", "UInt32", "Long", "UInt64", "Half", "Float", "Double",
+          "BFloat16", "Float8_e4m3fn", "Float8_e5m2")
+_BATCH = 4096
+
+
+class PluginUnavailable(RuntimeError):
+    """The plugin could not be built or loaded here."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("OTEL_TRAIN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "otel-train")
+    return Path(root) / "nccl"
+
+
+def plugin_path(build: bool = True) -> Path:
+    """The compiled plugin for this source, built first if needed (atomically: ranks of one
+    host may build at once). Raises PluginUnavailable with the reason."""
+    source = SOURCE.read_bytes()
+    digest = hashlib.sha256(source).hexdigest()[:16]
+    target = cache_dir() / f"libnccl-profiler-otel-train-{digest}.so"
+    if target.exists() or not build:
+        if not target.exists():
+            raise PluginUnavailable(f"{target} is not built")
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise PluginUnavailable("no C compiler (cc, gcc or $CC) to build the NCCL plugin")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".build-", suffix=".so", dir=target.parent)
+        os.close(fd)
+    except OSError as err:
+        raise PluginUnavailable(f"cannot write to {target.parent}: {err}") from err
+    try:
+        done = subprocess.run(
+            [compiler, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-std=gnu11",
+             "-o", tmp, str(SOURCE), "-lpthread"],
+            capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            raise PluginUnavailable(f"building the NCCL plugin failed: "
+                                    f"{(done.stderr or done.stdout).strip()[-500:]}")
+        os.replace(tmp, target)
+    except (OSError, subprocess.SubprocessError) as err:
+        raise PluginUnavailable(f"building the NCCL plugin failed: {err}") from err
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def ours(value: str | None) -> bool:
+    """Does an ``NCCL_PROFILER_PLUGIN`` value name otel-train's plugin?"""
+    return bool(value) and "libnccl-profiler-otel-train" in os.path.basename(str(value))
+
+
+def name_to_nccl() -> str:
+    """Set ``NCCL_PROFILER_PLUGIN`` to the plugin (built if needed) unless it names another
+    plugin already; what happened, in words (for the start log)."""
+    current = os.environ.get(ENV_NCCL)
+    if current and not ours(current):
+        return f"{ENV_NCCL}={current} names another plugin: not replaced"
+    path = str(plugin_path())
+    if current != path:
+        os.environ[ENV_NCCL] = path
+    return f"{ENV_NCCL}={path}"
+
+
+class _Comm(ctypes.Structure):
+    _fields_ = [("hash", ctypes.c_uint64), ("nranks", ctypes.c_int), ("rank", ctypes.c_int),
+                ("nnodes", ctypes.c_int), ("name", ctypes.c_char * 64)]
+
+
+class Plugin:
+    """The plugin as NCCL loaded it (dlopen of the same path returns the same library, so
+    these are NCCL's records)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        try:
+            lib = ctypes.CDLL(str(path))
+            version = lib.otel_train_nccl_version()
+        except (OSError, AttributeError) as err:
+            raise PluginUnavailable(f"cannot load {path}: {err}") from err
+        if version != 1:
+            raise PluginUnavailable(f"{path} is version {version}, this reader knows 1")
+        self.path = str(path)
+        self._lib = lib
+        lib.otel_train_nccl_read.restype = ctypes.c_int
+        lib.otel_train_nccl_read.argtypes = (ctypes.c_void_p, ctypes.c_int,
+                                             ctypes.POINTER(ctypes.c_uint64))
+        lib.otel_train_nccl_in_flight.restype = ctypes.c_uint64
+        lib.otel_train_nccl_in_flight.argtypes = (ctypes.c_void_p,)
+        lib.otel_train_nccl_comms.restype = ctypes.c_int
+        lib.otel_train_nccl_totals.restype = None
+        self._buf = ctypes.create_string_buffer(RECORD.size * _BATCH)
+        self._view = memoryview(self._buf).cast("B")
+        self._one = ctypes.create_string_buffer(RECORD.size)
+        self._lost = ctypes.c_uint64(0)
+        self._comms = (_Comm * 256)()
+        self._totals = (ctypes.c_uint64 * 4)()
+
+    def read(self) -> tuple[list[tuple[int, ...]], int]:
+        """Every record written since the last read, oldest first, and how many the ring
+        overwrote before this read could copy them."""
+        out: list[tuple[int, ...]] = []
+        lost = 0
+        while True:
+            n = self._lib.otel_train_nccl_read(self._buf, _BATCH, ctypes.byref(self._lost))
+            lost += self._lost.value
+            if n <= 0:
+                break
+            out.extend(RECORD.iter_unpack(self._view[:n * RECORD.size]))
+            if n < _BATCH:
+                break
+        return out, lost
+
+    def in_flight(self) -> tuple[int, tuple[int, ...] | None]:
+        """How many operations are started and not finished, and the oldest one's record
+        (its ``t_done`` and GPU stamps are 0)."""
+        n = self._lib.otel_train_nccl_in_flight(self._one)
+        return n, (RECORD.unpack(self._one.raw) if n else None)
+
+    def comms(self) -> dict[int, tuple[str, int, int]]:
+        """Communicators NCCL initialised with the plugin: hash -> (name, nranks, rank)."""
+        n = self._lib.otel_train_nccl_comms(self._comms, 256)
+        return {c.hash: (c.name.decode(errors="replace"), c.nranks, c.rank)
+                for c in self._comms[:n]}
+
+    def totals(self) -> dict[str, int]:
+        self._lib.otel_train_nccl_totals(self._totals)
+        started, written, overwritten, unrecorded = self._totals
+        return {"started": started, "written": written, "overwritten": overwritten,
+                "unrecorded": unrecorded}
+
+
+def loaded() -> Plugin | None:
+    """The plugin, if ``NCCL_PROFILER_PLUGIN`` names ours and it loads; else None."""
+    path = os.environ.get(ENV_NCCL)
+    if not ours(path) or not os.path.exists(str(path)):
+        return None
+    try:
+        return Plugin(str(path))
+    except PluginUnavailable:
+        return None

@@ -1,0 +1,452 @@
+/* otel-train's NCCL profiler plugin (ncclProfiler_v5, NCCL 2.28 and later).
+ *
+ * NCCL loads it when NCCL_PROFILER_PLUGIN names this file (set before the first communicator
+ * is created). For every collective and point-to-point operation it keeps one record: the
+ * communicator, NCCL's sequence number, the per-rank element count in bytes, the CPU time at
+ * which NCCL started the task (CLOCK_MONOTONIC, the clock of Python's time.perf_counter_ns),
+ * the CPU time at which NCCL's proxy thread saw its last kernel channel finish, and the GPU's
+ * globaltimer at the first channel's start and the last channel's stop. Records go into one
+ * fixed-size ring that otel-train's emitter thread copies out through ctypes, a batch per
+ * tick: nothing here takes the Python interpreter's lock, allocates per record on the
+ * reading side or blocks NCCL. A full ring overwrites its oldest records and counts them.
+ *
+ * Callbacks run on the thread that enqueues the collective (task start and stop) and on
+ * NCCL's proxy progress thread (kernel channel start, stop); see NCCL's
+ * src/plugin/profiler.cc. The event structures below repeat the layout of NCCL's
+ * ext-profiler/example/nccl/profiler_v5.h (NCCL 2.28.9, BSD-3-Clause, Copyright (c) 2024,
+ * NVIDIA CORPORATION): the ABI this plugin must match.
+ *
+ * Build: cc -O2 -shared -fPIC -o libnccl-profiler-otel-train.so profiler.c -lpthread
+ * (otel_train/nccl/__init__.py does it, once, into a cache directory).
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/types.h>
+#include <time.h>
+
+#define OTP_VERSION 1
+
+/* ---- NCCL's ABI (profiler_v5.h, profiler.h of NCCL 2.28.9) ---------------------------- */
+typedef int ncclResult_t; /* ncclSuccess = 0 */
+typedef void (*ncclDebugLogger_t)(int level, unsigned long flags, const char* file, int line,
+                                  const char* fmt, ...);
+enum {
+  ncclProfileGroup = (1 << 0), ncclProfileColl = (1 << 1), ncclProfileP2p = (1 << 2),
+  ncclProfileProxyOp = (1 << 3), ncclProfileProxyStep = (1 << 4),
+  ncclProfileProxyCtrl = (1 << 5), ncclProfileKernelCh = (1 << 6),
+};
+#define ncclProfilerKernelChStop 22
+
+typedef struct {
+  uint64_t type;
+  void* parentObj;
+  int rank;
+  union {
+    struct { int graphCaptured; int groupDepth; } groupApi;
+    struct { const char* func; size_t count; const char* datatype; int root; void* stream;
+             bool graphCaptured; } collApi;
+    struct { const char* func; size_t count; const char* datatype; void* stream;
+             bool graphCaptured; } p2pApi;
+    struct { void* stream; } kernelLaunch;
+    struct { uint64_t seqNumber; const char* func; void const* sendBuff; void* recvBuff;
+             size_t count; int root; const char* datatype; uint8_t nChannels; uint8_t nWarps;
+             const char* algo; const char* proto; void* parentGroup; } coll;
+    struct { const char* func; void* buff; const char* datatype; size_t count; int peer;
+             uint8_t nChannels; void* parentGroup; } p2p;
+    struct { pid_t pid; uint8_t channelId; int peer; int nSteps; int chunkSize;
+             int isSend; } proxyOp;
+    struct { int step; } proxyStep;
+    struct { uint8_t channelId; uint64_t pTimer; } kernelCh;
+    struct { int64_t id; void* data; } netPlugin;
+  };
+} ncclProfilerEventDescr_v5_t;
+
+typedef union {
+  struct { size_t transSize; } proxyStep;
+  struct { int appendedProxyOps; } proxyCtrl;
+  struct { void* data; } netPlugin;
+  struct { uint64_t pTimer; } kernelCh;
+} ncclProfilerEventStateArgs_v5_t;
+
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(void** context, uint64_t commId, int* eActivationMask,
+                       const char* commName, int nNodes, int nranks, int rank,
+                       ncclDebugLogger_t logfn);
+  ncclResult_t (*startEvent)(void* context, void** eHandle, ncclProfilerEventDescr_v5_t* eDescr);
+  ncclResult_t (*stopEvent)(void* eHandle);
+  ncclResult_t (*recordEventState)(void* eHandle, int eState,
+                                   ncclProfilerEventStateArgs_v5_t* eStateArgs);
+  ncclResult_t (*finalize)(void* context);
+} ncclProfiler_v5_t;
+
+/* ---- records ---------------------------------------------------------------------------- */
+/* 64 bytes, little-endian on every platform NCCL runs on; Python: struct "<QQQqqQQBBBBBBH" */
+typedef struct {
+  uint64_t comm;      /* NCCL's communicator hash (commId of init) */
+  uint64_t seq;       /* NCCL's per-communicator, per-function sequence number (0 for p2p) */
+  uint64_t bytes;     /* count x element size, as NCCL counts (per rank) */
+  int64_t t_issue;    /* CLOCK_MONOTONIC ns: NCCL started the task */
+  int64_t t_done;     /* CLOCK_MONOTONIC ns: the proxy saw the last channel stop */
+  uint64_t gpu_start; /* GPU globaltimer ns: first channel start (0: not known) */
+  uint64_t gpu_stop;  /* GPU globaltimer ns: last channel stop (0: not known) */
+  uint8_t func;       /* OTP_F_* */
+  uint8_t dtype;      /* element type (TYPES below; 0: unknown) */
+  uint8_t algo;
+  uint8_t proto;
+  uint8_t nchannels;
+  uint8_t flags;      /* 1: GPU-timed (every channel reported both stamps) */
+  uint16_t nranks;
+} otp_record;
+
+enum { OTP_F_OTHER = 0, OTP_F_ALL_GATHER, OTP_F_ALL_REDUCE, OTP_F_ALL_TO_ALL, OTP_F_BROADCAST,
+       OTP_F_GATHER, OTP_F_RECV, OTP_F_REDUCE, OTP_F_REDUCE_SCATTER, OTP_F_SCATTER,
+       OTP_F_SEND_RECV, OTP_F_SEND };
+
+#define OTP_MAX_CHANNELS 64
+#define OTP_RING (1u << 16)
+#define OTP_MAX_COMMS 256
+
+typedef struct {
+  _Atomic uint64_t stamp; /* index + 1 once written; 0 while being written */
+  otp_record rec;
+} otp_slot;
+
+typedef struct otp_comm {
+  uint64_t hash;
+  int nranks, rank, nnodes;
+  char name[64];
+} otp_comm;
+
+struct otp_op;
+typedef struct {
+  uint64_t type; /* ncclProfileKernelCh: handles start with their type */
+  struct otp_op* op;
+  uint64_t start;
+  uint8_t started;
+} otp_channel;
+
+typedef struct otp_op {
+  uint64_t type; /* ncclProfileColl or ncclProfileP2p */
+  otp_comm* comm;
+  otp_record rec;
+  _Atomic int refs;       /* the task's stop + one per started channel */
+  _Atomic int ch_stopped; /* channels that reported their stop */
+  _Atomic int ch_started;
+  _Atomic int timed;      /* channels with both GPU stamps */
+  _Atomic uint64_t gpu_min, gpu_max;
+  struct otp_op *prev, *next; /* in flight, oldest first */
+  otp_channel ch[OTP_MAX_CHANNELS];
+} otp_op;
+
+static otp_slot g_ring[OTP_RING];
+static _Atomic uint64_t g_head;     /* records written */
+static uint64_t g_tail;             /* records read (reader only, under g_read_lock) */
+static uint64_t g_lost;             /* overwritten before a read */
+static _Atomic uint64_t g_dropped;  /* not recorded at all (allocation failed) */
+static _Atomic uint64_t g_ops;      /* tasks started */
+static pthread_mutex_t g_read_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t g_flight_lock = PTHREAD_MUTEX_INITIALIZER;
+static otp_op *g_oldest, *g_newest;
+static uint64_t g_in_flight;
+static otp_comm g_comms[OTP_MAX_COMMS];
+static _Atomic int g_ncomms;
+static pthread_mutex_t g_comm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static uint8_t func_id(const char* f) {
+  if (f == NULL) return OTP_F_OTHER;
+  /* ncclFuncToString: AllGather AllReduce AlltoAll Broadcast Gather Recv Reduce
+     ReduceScatter Scatter SendRecv Send */
+  static const struct { const char* name; uint8_t id; } table[] = {
+    {"AllGather", OTP_F_ALL_GATHER}, {"AllReduce", OTP_F_ALL_REDUCE},
+    {"AlltoAll", OTP_F_ALL_TO_ALL}, {"Broadcast", OTP_F_BROADCAST}, {"Gather", OTP_F_GATHER},
+    {"Recv", OTP_F_RECV}, {"Reduce", OTP_F_REDUCE}, {"ReduceScatter", OTP_F_REDUCE_SCATTER},
+    {"Scatter", OTP_F_SCATTER}, {"SendRecv", OTP_F_SEND_RECV}, {"Send", OTP_F_SEND},
+  };
+  for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+    if (strcmp(f, table[i].name) == 0) return table[i].id;
+  return OTP_F_OTHER;
+}
+
+/* ncclDatatypeToString's names -> (our id, element size); id 0: unknown. The ids are
+ * otel_train/nccl/__init__.py's DTYPES. */
+static const struct { const char* name; uint8_t id, size; } TYPES[] = {
+  {"ncclInt8", 1, 1}, {"ncclUint8", 2, 1}, {"ncclInt32", 3, 4}, {"ncclUint32", 4, 4},
+  {"ncclInt64", 5, 8}, {"ncclUint64", 6, 8}, {"ncclFloat16", 7, 2}, {"ncclFloat32", 8, 4},
+  {"ncclFloat64", 9, 8}, {"ncclBfloat16", 10, 2}, {"ncclFloat8e4m3", 11, 1},
+  {"ncclFloat8e5m2", 12, 1},
+};
+
+static uint8_t type_id(const char* t, uint8_t* size) {
+  *size = 0;
+  if (t == NULL) return 0;
+  for (size_t i = 0; i < sizeof(TYPES) / sizeof(TYPES[0]); i++)
+    if (strcmp(t, TYPES[i].name) == 0) {
+      *size = TYPES[i].size;
+      return TYPES[i].id;
+    }
+  return 0;
+}
+
+static uint8_t small_id(const char* s) { /* algorithm / protocol names: first letters */
+  if (s == NULL) return 0;
+  return (uint8_t)s[0];
+}
+
+static void publish(const otp_record* r) {
+  uint64_t i = atomic_fetch_add_explicit(&g_head, 1, memory_order_relaxed);
+  otp_slot* s = &g_ring[i & (OTP_RING - 1)];
+  atomic_store_explicit(&s->stamp, 0, memory_order_relaxed);
+  atomic_thread_fence(memory_order_release);
+  s->rec = *r;
+  atomic_store_explicit(&s->stamp, i + 1, memory_order_release);
+}
+
+static void flight_add(otp_op* op) {
+  pthread_mutex_lock(&g_flight_lock);
+  op->prev = g_newest;
+  op->next = NULL;
+  if (g_newest) g_newest->next = op; else g_oldest = op;
+  g_newest = op;
+  g_in_flight++;
+  pthread_mutex_unlock(&g_flight_lock);
+}
+
+static void flight_remove(otp_op* op) {
+  pthread_mutex_lock(&g_flight_lock);
+  if (op->prev) op->prev->next = op->next; else g_oldest = op->next;
+  if (op->next) op->next->prev = op->prev; else g_newest = op->prev;
+  op->prev = op->next = NULL;
+  g_in_flight--;
+  pthread_mutex_unlock(&g_flight_lock);
+}
+
+static void release(otp_op* op) {
+  if (atomic_fetch_sub_explicit(&op->refs, 1, memory_order_acq_rel) == 1) free(op);
+}
+
+/* The task is done: on the last channel's stop, or at the task's stop when it has none. */
+static void finish(otp_op* op) {
+  int started = atomic_load(&op->ch_started);
+  op->rec.t_done = now_ns();
+  if (started > 0 && atomic_load(&op->timed) == started) {
+    op->rec.gpu_start = atomic_load(&op->gpu_min);
+    op->rec.gpu_stop = atomic_load(&op->gpu_max);
+    op->rec.flags = 1;
+  }
+  flight_remove(op);
+  publish(&op->rec);
+}
+
+/* ---- the plugin ------------------------------------------------------------------------ */
+static ncclResult_t otp_init(void** context, uint64_t commId, int* mask, const char* name,
+                             int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
+  (void)logfn;
+  pthread_mutex_lock(&g_comm_lock);
+  int n = atomic_load(&g_ncomms);
+  otp_comm* c = NULL;
+  for (int i = 0; i < n; i++)
+    if (g_comms[i].hash == commId) c = &g_comms[i]; /* a communicator made again */
+  if (c == NULL && n < OTP_MAX_COMMS) {
+    c = &g_comms[n];
+    c->hash = commId;
+    c->nranks = nranks;
+    c->rank = rank;
+    c->nnodes = nNodes;
+    if (name) strncpy(c->name, name, sizeof(c->name) - 1);
+    atomic_store(&g_ncomms, n + 1);
+  }
+  pthread_mutex_unlock(&g_comm_lock);
+  if (c == NULL) { /* more communicators than slots: this one is not observed */
+    *context = NULL;
+    *mask = 0;
+    return 0;
+  }
+  *context = c;
+  *mask = ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh;
+  return 0;
+}
+
+static ncclResult_t otp_start(void* context, void** handle, ncclProfilerEventDescr_v5_t* d) {
+  *handle = NULL;
+  if (context == NULL || d == NULL) return 0;
+  if (d->type == ncclProfileColl || d->type == ncclProfileP2p) {
+    otp_op* op = (otp_op*)calloc(1, sizeof(otp_op));
+    atomic_fetch_add_explicit(&g_ops, 1, memory_order_relaxed);
+    if (op == NULL) {
+      atomic_fetch_add_explicit(&g_dropped, 1, memory_order_relaxed);
+      return 0;
+    }
+    otp_comm* c = (otp_comm*)context;
+    uint8_t size = 0;
+    op->type = d->type;
+    op->comm = c;
+    op->rec.comm = c->hash;
+    op->rec.nranks = (uint16_t)c->nranks;
+    op->rec.t_issue = now_ns();
+    if (d->type == ncclProfileColl) {
+      op->rec.seq = d->coll.seqNumber;
+      op->rec.func = func_id(d->coll.func);
+      op->rec.dtype = type_id(d->coll.datatype, &size);
+      op->rec.bytes = (uint64_t)d->coll.count * size;
+      op->rec.nchannels = d->coll.nChannels;
+      op->rec.algo = small_id(d->coll.algo);
+      op->rec.proto = small_id(d->coll.proto);
+    } else {
+      op->rec.func = func_id(d->p2p.func);
+      op->rec.dtype = type_id(d->p2p.datatype, &size);
+      op->rec.bytes = (uint64_t)d->p2p.count * size;
+      op->rec.nchannels = d->p2p.nChannels;
+    }
+    atomic_store(&op->gpu_min, UINT64_MAX);
+    /* references: the task's stop, and its completion while channels are to come (a
+     * channel can start after NCCL stopped the task) */
+    atomic_store(&op->refs, op->rec.nchannels > 0 ? 2 : 1);
+    flight_add(op);
+    *handle = op;
+  } else if (d->type == ncclProfileKernelCh) {
+    otp_op* op = (otp_op*)d->parentObj;
+    if (op == NULL || (op->type != ncclProfileColl && op->type != ncclProfileP2p)) return 0;
+    uint8_t id = d->kernelCh.channelId;
+    if (id >= OTP_MAX_CHANNELS) return 0;
+    otp_channel* ch = &op->ch[id];
+    ch->type = ncclProfileKernelCh;
+    ch->op = op;
+    ch->start = d->kernelCh.pTimer;
+    ch->started = 1;
+    atomic_fetch_add(&op->refs, 1);
+    atomic_fetch_add(&op->ch_started, 1);
+    *handle = ch;
+  }
+  return 0;
+}
+
+static void fetch_min(_Atomic uint64_t* a, uint64_t v) {
+  uint64_t cur = atomic_load(a);
+  while (v < cur && !atomic_compare_exchange_weak(a, &cur, v)) {}
+}
+
+static void fetch_max(_Atomic uint64_t* a, uint64_t v) {
+  uint64_t cur = atomic_load(a);
+  while (v > cur && !atomic_compare_exchange_weak(a, &cur, v)) {}
+}
+
+static ncclResult_t otp_record_state(void* handle, int state,
+                                     ncclProfilerEventStateArgs_v5_t* args) {
+  if (handle == NULL || args == NULL || state != ncclProfilerKernelChStop) return 0;
+  if (*(uint64_t*)handle != ncclProfileKernelCh) return 0;
+  otp_channel* ch = (otp_channel*)handle;
+  uint64_t stop = args->kernelCh.pTimer;
+  if (ch->start != 0 && stop >= ch->start) {
+    fetch_min(&ch->op->gpu_min, ch->start);
+    fetch_max(&ch->op->gpu_max, stop);
+    atomic_fetch_add(&ch->op->timed, 1);
+  }
+  return 0;
+}
+
+static ncclResult_t otp_stop(void* handle) {
+  if (handle == NULL) return 0;
+  uint64_t type = *(uint64_t*)handle;
+  if (type == ncclProfileKernelCh) {
+    otp_channel* ch = (otp_channel*)handle;
+    otp_op* op = ch->op;
+    int stopped = atomic_fetch_add(&op->ch_stopped, 1) + 1;
+    if (stopped == op->rec.nchannels) { /* exactly one stop sees this */
+      finish(op);
+      release(op); /* the completion's reference */
+    }
+    release(op); /* this channel's */
+  } else if (type == ncclProfileColl || type == ncclProfileP2p) {
+    otp_op* op = (otp_op*)handle;
+    /* a task whose kernel reports no channel (nothing to move) is done when NCCL stops it */
+    if (op->rec.nchannels == 0) finish(op);
+    release(op);
+  }
+  return 0;
+}
+
+static ncclResult_t otp_finalize(void* context) {
+  (void)context;
+  return 0;
+}
+
+__attribute__((visibility("default"))) ncclProfiler_v5_t ncclProfiler_v5 = {
+  "otel-train", otp_init, otp_start, otp_stop, otp_record_state, otp_finalize,
+};
+
+/* ---- what otel-train's emitter reads (ctypes) ------------------------------------------- */
+__attribute__((visibility("default"))) int otel_train_nccl_version(void) { return OTP_VERSION; }
+
+__attribute__((visibility("default"))) int otel_train_nccl_comms(otp_comm* out, int max) {
+  int n = atomic_load(&g_ncomms);
+  if (n > max) n = max;
+  pthread_mutex_lock(&g_comm_lock);
+  memcpy(out, g_comms, (size_t)n * sizeof(otp_comm));
+  pthread_mutex_unlock(&g_comm_lock);
+  return n;
+}
+
+/* Copy up to max records, oldest first; *lost gets the records overwritten before this read
+ * (since the last call). Returns the number copied. */
+__attribute__((visibility("default"))) int otel_train_nccl_read(otp_record* out, int max,
+                                                               uint64_t* lost) {
+  int n = 0;
+  pthread_mutex_lock(&g_read_lock);
+  uint64_t head = atomic_load_explicit(&g_head, memory_order_acquire);
+  uint64_t lost_now = 0;
+  if (head - g_tail > OTP_RING) {
+    lost_now += head - g_tail - OTP_RING;
+    g_tail = head - OTP_RING;
+  }
+  while (g_tail < head && n < max) {
+    otp_slot* s = &g_ring[g_tail & (OTP_RING - 1)];
+    uint64_t before = atomic_load_explicit(&s->stamp, memory_order_acquire);
+    if (before == 0 || before < g_tail + 1) break; /* still being written */
+    if (before > g_tail + 1) { lost_now++; g_tail++; continue; } /* overwritten: a lap on */
+    out[n] = s->rec;
+    atomic_thread_fence(memory_order_acquire);
+    if (atomic_load_explicit(&s->stamp, memory_order_relaxed) != before) {
+      lost_now++; /* overwritten while we copied */
+    } else {
+      n++;
+    }
+    g_tail++;
+  }
+  g_lost += lost_now;
+  if (lost) *lost = lost_now;
+  pthread_mutex_unlock(&g_read_lock);
+  return n;
+}
+
+/* Tasks started but not finished: how many, and the oldest one's record as far as known
+ * (t_issue, comm, seq, func, bytes). */
+__attribute__((visibility("default"))) uint64_t otel_train_nccl_in_flight(otp_record* oldest) {
+  pthread_mutex_lock(&g_flight_lock);
+  uint64_t n = g_in_flight;
+  if (n > 0 && oldest != NULL) *oldest = g_oldest->rec;
+  pthread_mutex_unlock(&g_flight_lock);
+  return n;
+}
+
+/* Totals since the plugin was loaded: tasks started, records written, overwritten, not
+ * recorded (allocation failed). */
+__attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out4) {
+  out4[0] = atomic_load(&g_ops);
+  out4[1] = atomic_load(&g_head);
+  pthread_mutex_lock(&g_read_lock);
+  out4[2] = g_lost;
+  pthread_mutex_unlock(&g_read_lock);
+  out4[3] = atomic_load(&g_dropped);
+}

@@ -1,0 +1,244 @@
+"""otel-train's NCCL profiler plugin (otel_train/nccl/profiler.c), built with this machine's C
+compiler and driven through its ``ncclProfiler_v5`` table the way NCCL 2.28 drives it
+(src/plugin/profiler.cc): task start on the enqueuing thread, kernel-channel start, stop
+state and stop on the proxy thread, task stop on the enqueuing thread, in either order.
+
+This machine has no GPU, so the calls NCCL would make are made here (a stand-in for NCCL, for
+the ABI and the bookkeeping); tests/gpu/test_nccl_plugin.py runs the plugin under real NCCL.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from otel_train import nccl
+from otel_train.nccl import rows as nccl_rows
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="needs a C compiler")
+
+COLL, P2P, KERNEL_CH, KERNEL_CH_STOP = 1 << 1, 1 << 2, 1 << 6, 22
+
+
+class _Coll(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_uint64), ("parentObj", ctypes.c_void_p),
+                ("rank", ctypes.c_int), ("seqNumber", ctypes.c_uint64),
+                ("func", ctypes.c_char_p), ("sendBuff", ctypes.c_void_p),
+                ("recvBuff", ctypes.c_void_p), ("count", ctypes.c_size_t),
+                ("root", ctypes.c_int), ("datatype", ctypes.c_char_p),
+                ("nChannels", ctypes.c_uint8), ("nWarps", ctypes.c_uint8),
+                ("algo", ctypes.c_char_p), ("proto", ctypes.c_char_p),
+                ("parentGroup", ctypes.c_void_p), ("_pad", ctypes.c_char * 64)]
+
+
+class _KernelCh(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_uint64), ("parentObj", ctypes.c_void_p),
+                ("rank", ctypes.c_int), ("_union_align", ctypes.c_int),
+                ("channelId", ctypes.c_uint8),
+                ("pTimer", ctypes.c_uint64), ("_pad", ctypes.c_char * 96)]
+
+
+_INIT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint64,
+                         ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int,
+                         ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+_START = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                          ctypes.c_void_p)
+_STOP = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_RECORD = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+                           ctypes.POINTER(ctypes.c_uint64))
+
+
+class _Table(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("init", _INIT), ("startEvent", _START),
+                ("stopEvent", _STOP), ("recordEventState", _RECORD),
+                ("finalize", _STOP)]
+
+
+class FakeNccl:
+    """The calls NCCL makes into a v5 profiler plugin, for one communicator."""
+
+    def __init__(self, path: str, comm: int = 0xABC, nranks: int = 2) -> None:
+        self.table = _Table.in_dll(ctypes.CDLL(path), "ncclProfiler_v5")
+        self.ctx = ctypes.c_void_p()
+        mask = ctypes.c_int()
+        assert self.table.init(ctypes.byref(self.ctx), comm, ctypes.byref(mask), b"pg0", 1,
+                               nranks, 0, None) == 0
+        assert mask.value & COLL and mask.value & KERNEL_CH
+        self.keep: list[object] = []
+
+    def start_coll(self, func: bytes, seq: int, count: int, dtype: bytes = b"ncclBfloat16",
+                   channels: int = 2) -> int:
+        d = _Coll(type=COLL, seqNumber=seq, func=func, count=count, datatype=dtype,
+                  nChannels=channels, algo=b"RING", proto=b"SIMPLE")
+        self.keep.append(d)
+        handle = ctypes.c_void_p()
+        self.table.startEvent(self.ctx, ctypes.byref(handle), ctypes.byref(d))
+        assert handle.value
+        return handle.value
+
+    def channel(self, parent: int, channel: int, start: int, stop: int) -> None:
+        d = _KernelCh(type=KERNEL_CH, parentObj=parent, channelId=channel, pTimer=start)
+        handle = ctypes.c_void_p()
+        self.table.startEvent(self.ctx, ctypes.byref(handle), ctypes.byref(d))
+        stamp = ctypes.c_uint64(stop)
+        self.table.recordEventState(handle, KERNEL_CH_STOP, ctypes.byref(stamp))
+        self.table.stopEvent(handle)
+
+    def stop(self, handle: int) -> None:
+        self.table.stopEvent(handle)
+
+
+@pytest.fixture(scope="module")
+def plugin_file(tmp_path_factory):
+    import os
+
+    old = os.environ.get("OTEL_TRAIN_CACHE_DIR")
+    os.environ["OTEL_TRAIN_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        yield str(nccl.plugin_path())
+    finally:
+        if old is None:
+            os.environ.pop("OTEL_TRAIN_CACHE_DIR", None)
+        else:
+            os.environ["OTEL_TRAIN_CACHE_DIR"] = old
+
+
+def test_the_plugin_exports_nccls_v5_table_and_our_reader(plugin_file):
+    out = subprocess.run(["nm", "-D", "--defined-only", plugin_file], capture_output=True,
+                         text=True).stdout
+    names = {line.split()[-1] for line in out.splitlines() if line.strip()}
+    assert "ncclProfiler_v5" in names
+    assert {"otel_train_nccl_read", "otel_train_nccl_in_flight"} <= names
+    assert not {n for n in names if n.startswith("otp_")}  # nothing else leaks out
+
+
+def _run_in_fresh_process(code: str, plugin_file: str) -> None:
+    """The plugin's ring is per process: each scenario gets its own."""
+    prelude = (f"import sys; sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})\n"
+               "from test_nccl_plugin import FakeNccl\n"
+               "from otel_train import nccl\n"
+               "import otel_train.nccl.rows\n"
+               f"PATH = {plugin_file!r}\n")
+    done = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_a_collective_becomes_one_record_with_gpu_times_and_nccl_tests_bytes(plugin_file):
+    _run_in_fresh_process("""
+import time
+fake = FakeNccl(PATH, comm=0xABC, nranks=2)
+reader = nccl.Plugin(PATH)
+assert reader.comms() == {0xABC: ("pg0", 2, 0)}
+t0 = time.perf_counter_ns()
+h = fake.start_coll(b"AllGather", seq=7, count=1000)
+n, oldest = reader.in_flight()
+assert n == 1 and oldest[1] == 7 and oldest[3] >= t0, (n, oldest)
+assert reader.read() == ([], 0)  # nothing finished yet
+fake.channel(h, 0, 1_000, 5_000)
+assert reader.read() == ([], 0)  # one channel of two
+fake.channel(h, 1, 2_000, 9_000)
+fake.stop(h)
+rows, lost = reader.read()
+assert lost == 0 and len(rows) == 1, rows
+comm, seq, nbytes, t_issue, t_done, g0, g1, func, dtype, algo, proto, nch, flags, nranks = rows[0]
+assert (comm, seq, nbytes, g0, g1, nch, flags, nranks) == (0xABC, 7, 2000, 1_000, 9_000, 2, 1, 2)
+assert nccl.FUNCS[func] == "all_gather" and nccl.DTYPES[dtype] == "BFloat16"
+assert t0 <= t_issue <= t_done <= time.perf_counter_ns()  # perf_counter's clock
+assert reader.in_flight() == (0, None)
+assert nccl.rows.nccl_tests_bytes("all_gather", nbytes, nranks) == 4000
+""", plugin_file)
+
+
+def test_the_task_may_stop_before_its_channels_and_p2p_and_empty_tasks_count(plugin_file):
+    _run_in_fresh_process("""
+fake = FakeNccl(PATH)
+reader = nccl.Plugin(PATH)
+h = fake.start_coll(b"ReduceScatter", seq=1, count=10, dtype=b"ncclFloat32", channels=1)
+fake.stop(h)  # NCCL stops the task when it is launched; the kernel runs after
+assert reader.read() == ([], 0) and reader.in_flight()[0] == 1
+fake.channel(h, 0, 10, 20)
+rows, _ = reader.read()
+assert [r[1] for r in rows] == [1] and rows[0][2] == 40
+h = fake.start_coll(b"AllReduce", seq=2, count=0, channels=0)  # nothing to move
+fake.stop(h)
+rows, _ = reader.read()
+assert len(rows) == 1 and rows[0][12] == 0  # CPU-timed only
+assert reader.totals()["started"] == 2 and reader.totals()["written"] == 2
+""", plugin_file)
+
+
+def test_concurrent_writers_lose_nothing_and_an_overfull_ring_counts_exactly(plugin_file):
+    _run_in_fresh_process("""
+import threading
+fake = FakeNccl(PATH)
+reader = nccl.Plugin(PATH)
+def proxy(k):
+    for i in range(k * 5000, (k + 1) * 5000):
+        h = fake.start_coll(b"AllReduce", seq=i, count=1, channels=1)
+        fake.channel(h, 0, 1, 2)
+        fake.stop(h)
+threads = [threading.Thread(target=proxy, args=(k,)) for k in range(4)]
+got = []
+for t in threads: t.start()
+while any(t.is_alive() for t in threads):
+    got += reader.read()[0]
+for t in threads: t.join()
+got += reader.read()[0]
+assert sorted(r[1] for r in got) == list(range(20000))
+# 70000 more without reading: the ring holds 65536, the rest is counted, not returned
+for i in range(70000):
+    h = fake.start_coll(b"AllReduce", seq=i, count=1, channels=0)
+    fake.stop(h)
+rows, lost = reader.read()
+assert len(rows) == 65536 and lost == 70000 - 65536, (len(rows), lost)
+assert rows[0][1] == lost and rows[-1][1] == 69999  # the oldest went
+assert reader.totals()["overwritten"] == lost
+""", plugin_file)
+
+
+def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
+    """The expansion the exporter process runs (nccl/rows.py), on records as the plugin
+    writes them: duration from the GPU stamps, nccl-tests bytes, parent by issue time."""
+    spans, durations, sizes = [], [], []
+
+    def span(name, parent, start, end, attrs, span_id=0, events=()):
+        spans.append((name, parent, start, end, attrs))
+
+    spec = nccl_rows.StepSpec(
+        step=3, sampled=True, summary=False, rank_step=(1, 2, 1, False),
+        phases=[((1, 10, 1, False), 1_000, 2_000), ((1, 11, 1, False), 2_000, 3_000)],
+        offset=0, base={"rank": 0}, groups={5: ("0", 2)}, stalled={})
+    rows = [
+        (5, 1, 100, 1_500, 1_900, 10, 310, nccl.FUNCS.index("all_gather"), 10, 82, 83, 2, 1, 2),
+        (5, 2, 100, 2_500, 2_900, 0, 0, nccl.FUNCS.index("reduce_scatter"), 8, 82, 83, 0, 0, 2),
+        (5, 3, 8, 3_500, 3_600, 0, 0, nccl.FUNCS.index("all_reduce"), 8, 82, 83, 0, 0, 2),
+    ]
+    n = nccl_rows.expand(spec, rows, span, lambda v, a, context=None: durations.append(v),
+                         lambda v, a: sizes.append(v))
+    assert n == 3 and len(spans) == 3
+    assert durations == [300 / 1e9, 400 / 1e9, 100 / 1e9]
+    assert sizes == [200, 200, 8]
+    assert [s[1].span_id for s in spans] == [10, 11, 2]  # forward, backward, the step
+    assert spans[0][4]["collective.gpu_duration_s"] == 300 / 1e9
+    assert "collective.gpu_duration_s" not in spans[1][4]
+    assert {s[4]["collective.source"] for s in spans} == {"nccl_profiler"}
+    spec = spec._replace(sampled=False)
+    spans.clear()
+    nccl_rows.expand(spec, rows, span, lambda v, a, context=None: None, lambda v, a: None)
+    assert spans == []  # unsampled: points only
+
+
+def test_a_plugin_that_cannot_be_built_says_why(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_TRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))
+    with pytest.raises(nccl.PluginUnavailable, match="building the NCCL plugin failed"):
+        nccl.plugin_path()
+    from otel_train.cli import main
+
+    assert main(["nccl-plugin"]) == 1
