@@ -37,7 +37,7 @@ cp $R/result-rank*.json $R/emitter-profile-rank*.txt $OUT/ 2>/dev/null
 [ -d $R/normal ] && python3 bench/multigpu/check.py $R > $OUT/check.json 2>&1
 python3 bench/multigpu/verdict.py $R --out $OUT/verdict.md | tail -6
 if [ -n "$GPU_TESTS" ]; then
-  timeout ${TEST_TIMEOUT:-200} python3 -m pytest ${GPU_TESTS_ARGS:-tests/gpu} -q -p no:cacheprovider -rA \
+  timeout ${TEST_TIMEOUT:-200} env -u NCCL_PROFILER_PLUGIN python3 -m pytest ${GPU_TESTS_ARGS:-tests/gpu} -q -p no:cacheprovider -rA \
     > $OUT/pytest-gpu.txt 2>&1
   echo "pytest rc=$?"; tail -15 $OUT/pytest-gpu.txt
 fi
