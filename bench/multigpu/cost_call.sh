@@ -8,6 +8,9 @@
 # BASELINE=1 (with PLUGIN=1): afterwards, the cost mode again without the plugin, into
 # $OUT/baseline/ (the NCCL threads' CPU with and without it).
 set -o pipefail
+# at most 8 files come back from the device: everything goes into one archive at the end
+FINAL=$OUT; OUT=/tmp/out; rm -rf $OUT; mkdir -p $OUT
+trap 'tar czf $FINAL/results.tgz -C $OUT . ; cp $OUT/verdict*.md $FINAL/ 2>/dev/null' EXIT
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
