@@ -93,10 +93,11 @@ class Config:
     #: (spawned, never forked) so that none of that work holds the training process's
     #: interpreter; False: on a thread of the training process (docs/overhead.md)
     export_process: bool = True
-    #: NCCL: record collectives with otel-train's NCCL profiler plugin (built with the
-    #: system's C compiler, named in NCCL_PROFILER_PLUGIN) instead of reading the flight
-    #: recorder; falls back to the flight recorder where it cannot load (docs/collectives.md)
-    nccl_plugin: bool = True
+    #: NCCL: have instrument() name otel-train's NCCL profiler plugin in NCCL_PROFILER_PLUGIN
+    #: (built with the system's C compiler) when no NCCL communicator exists yet. Off by
+    #: default: NCCL's proxy thread then polls for kernel stamps, ~half a core per rank
+    #: (docs/collectives.md). A launcher that names the plugin itself gets it either way.
+    nccl_plugin: bool = False
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""

@@ -179,10 +179,11 @@ class Ledger:
         self.stall = StallWatch(ctx.config.stall_timeout_s, ctx.log, self.run_id)
         recorder = FlightRecorder(ctx.identity.world_size)
         self.flight_recorder = recorder if recorder.available() else None
-        # NCCL's collectives from otel-train's profiler plugin, when NCCL loaded it: records
-        # made in C, read in batches, expanded where spans are built (nccl/rows.py); the
-        # flight recorder is then read only to notice that the plugin was not loaded
-        self.plugin = nccl.loaded() if ctx.config.nccl_plugin and recorder.available() else None
+        # NCCL's collectives from otel-train's profiler plugin, when NCCL_PROFILER_PLUGIN
+        # names it (the launcher's choice, or instrument()'s with nccl_plugin): records made
+        # in C, read in batches, expanded where spans are built (nccl/rows.py); the flight
+        # recorder is then read only to notice that NCCL did not load the plugin
+        self.plugin = nccl.loaded() if recorder.available() else None
         self._plugin_confirmed = False
         self._fallback = None
         if self.plugin is not None:
