@@ -25,9 +25,9 @@ import torch.distributed as dist
 from torch._dynamo.utils import counters
 
 import otel_train
+from otel_train import collectives_math as cmath
 from otel_train import config, semconv
 from otel_train.config import ConfigWarning
-from otel_train import collectives_math as cmath
 
 REPO = Path(__file__).resolve().parent.parent
 DIM, HIDDEN = 32, 64

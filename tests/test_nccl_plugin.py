@@ -1,7 +1,10 @@
 """otel-train's NCCL profiler plugin (otel_train/nccl/profiler.c), built with this machine's C
 compiler and driven through its ``ncclProfiler_v5`` table the way NCCL 2.28 drives it
-(src/plugin/profiler.cc): task start on the enqueuing thread, kernel-channel start, stop
-state and stop on the proxy thread, task stop on the enqueuing thread, in either order.
+(src/plugin/profiler.cc). Its "kernel" timing (OTEL_TRAIN_NCCL_TIMING=kernel): task start on
+the enqueuing thread, kernel-channel start, stop state and stop on the proxy thread, task stop
+on the enqueuing thread, in either order. Its default "events" timing needs CUDA (events on
+NCCL's stream): here, without a driver, it must leave kernel launches alone and still record
+every operation, CPU-timed and counted as untimed.
 
 This machine has no GPU, so the calls NCCL would make are made here (a stand-in for NCCL, for
 the ABI and the bookkeeping); tests/gpu/test_nccl_plugin.py runs the plugin under real NCCL.
@@ -22,7 +25,7 @@ from otel_train.nccl import rows as nccl_rows
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                                 reason="needs a C compiler")
 
-COLL, P2P, KERNEL_CH, KERNEL_CH_STOP = 1 << 1, 1 << 2, 1 << 6, 22
+COLL, P2P, KERNEL_CH, KERNEL_CH_STOP, KERNEL_LAUNCH = 1 << 1, 1 << 2, 1 << 6, 22, 1 << 11
 
 
 class _Coll(ctypes.Structure):
@@ -68,7 +71,8 @@ class FakeNccl:
         mask = ctypes.c_int()
         assert self.table.init(ctypes.byref(self.ctx), comm, ctypes.byref(mask), b"pg0", 1,
                                nranks, 0, None) == 0
-        assert mask.value & COLL and mask.value & KERNEL_CH
+        assert mask.value & COLL
+        self.mask = mask.value
         self.keep: list[object] = []
 
     def start_coll(self, func: bytes, seq: int, count: int, dtype: bytes = b"ncclBfloat16",
@@ -117,15 +121,18 @@ def test_the_plugin_exports_nccls_v5_table_and_our_reader(plugin_file):
     assert not {n for n in names if n.startswith("otp_")}  # nothing else leaks out
 
 
-def _run_in_fresh_process(code: str, plugin_file: str) -> None:
+def _run_in_fresh_process(code: str, plugin_file: str, timing: str = "kernel") -> None:
     """The plugin's ring is per process: each scenario gets its own."""
     prelude = (f"import sys; sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})\n"
                "from test_nccl_plugin import FakeNccl\n"
                "from otel_train import nccl\n"
                "import otel_train.nccl.rows\n"
                f"PATH = {plugin_file!r}\n")
+    import os
+
     done = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120,
+                          env={**os.environ, "OTEL_TRAIN_NCCL_TIMING": timing})
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -200,6 +207,27 @@ assert len(rows) == 65536 and lost == 70000 - 65536, (len(rows), lost)
 assert rows[0][1] == lost and rows[-1][1] == 69999  # the oldest went
 assert reader.totals()["overwritten"] == lost
 """, plugin_file)
+
+
+def test_event_timing_without_cuda_records_every_operation_cpu_timed(plugin_file):
+    _run_in_fresh_process("""
+import ctypes
+from test_nccl_plugin import KERNEL_LAUNCH, _KernelCh, KERNEL_CH
+fake = FakeNccl(PATH)
+assert fake.mask & KERNEL_LAUNCH and not fake.mask & KERNEL_CH  # no proxy operations asked
+reader = nccl.Plugin(PATH)
+d = _KernelCh(type=KERNEL_LAUNCH)  # kernelLaunch.stream sits where channelId does: NULL
+handle = ctypes.c_void_p()
+fake.table.startEvent(fake.ctx, ctypes.byref(handle), ctypes.byref(d))
+assert not handle.value  # no CUDA driver here: the launch is left alone
+h = fake.start_coll(b"AllReduce", seq=3, count=4, dtype=b"ncclFloat32")
+assert reader.in_flight()[0] == 1
+fake.stop(h)
+rows, _ = reader.read()
+assert [(r[1], r[2], r[12]) for r in rows] == [(3, 16, 0)]
+totals = reader.totals()
+assert totals["timing"] == "events" and totals["untimed"] == 1, totals
+""", plugin_file, timing="events")
 
 
 def test_rows_become_spans_and_points_under_the_phase_that_issued_them():

@@ -21,8 +21,9 @@ export PYTHONUNBUFFERED=1
 NGPU=${NGPU:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 if [ -n "$PLUGIN" ]; then
-  cc -O2 -o /tmp/plugin_cost bench/nccl/plugin_cost.c -lpthread \
-    && /tmp/plugin_cost 2 | tee $OUT/plugin-cost.json && /tmp/plugin_cost 16 > $OUT/plugin-cost-16ch.json
+  cc -O2 -o /tmp/plugin_cost bench/nccl/plugin_cost.c -lpthread -ldl \
+    && /tmp/plugin_cost 2 events | tee $OUT/plugin-cost.json \
+    && /tmp/plugin_cost 2 > $OUT/plugin-cost-kernel.json
   export NCCL_PROFILER_PLUGIN=$(python3 -m otel_train.cli nccl-plugin) || exit 1
   echo "NCCL_PROFILER_PLUGIN=$NCCL_PROFILER_PLUGIN"
 fi

@@ -12,7 +12,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export TORCH_NCCL_ENABLE_TIMING=1 OTEL_TRAIN_STALL_TIMEOUT_S=5 PYTHONUNBUFFERED=1
 NGPU=${NGPU:-$(python3 -c 'import torch; print(torch.cuda.device_count())')}
 PLUGIN_PATH=$(python3 -m otel_train.cli nccl-plugin) || exit 1
-cc -O2 -o /tmp/plugin_cost bench/nccl/plugin_cost.c -lpthread && /tmp/plugin_cost 2 > $OUT/plugin-cost.json
+cc -O2 -o /tmp/plugin_cost bench/nccl/plugin_cost.c -lpthread -ldl && /tmp/plugin_cost 2 events > $OUT/plugin-cost.json
 for run in ${RUNS:-a1 b a2}; do
   mkdir -p $OUT/$run
   if [ "${run#b}" != "$run" ]; then export NCCL_PROFILER_PLUGIN=$PLUGIN_PATH; \

@@ -115,8 +115,8 @@ class Plugin:
             version = lib.otel_train_nccl_version()
         except (OSError, AttributeError) as err:
             raise PluginUnavailable(f"cannot load {path}: {err}") from err
-        if version != 1:
-            raise PluginUnavailable(f"{path} is version {version}, this reader knows 1")
+        if version != 2:
+            raise PluginUnavailable(f"{path} is version {version}, this reader knows 2")
         self.path = str(path)
         self._lib = lib
         lib.otel_train_nccl_read.restype = ctypes.c_int
@@ -131,7 +131,7 @@ class Plugin:
         self._one = ctypes.create_string_buffer(RECORD.size)
         self._lost = ctypes.c_uint64(0)
         self._comms = (_Comm * 256)()
-        self._totals = (ctypes.c_uint64 * 4)()
+        self._totals = (ctypes.c_uint64 * 7)()
 
     def read(self) -> tuple[list[tuple[int, ...]], int]:
         """Every record written since the last read, oldest first, and how many the ring
@@ -162,9 +162,10 @@ class Plugin:
 
     def totals(self) -> dict[str, int]:
         self._lib.otel_train_nccl_totals(self._totals)
-        started, written, overwritten, unrecorded = self._totals
+        started, written, overwritten, unrecorded, untimed, polls, events = self._totals
         return {"started": started, "written": written, "overwritten": overwritten,
-                "unrecorded": unrecorded}
+                "unrecorded": unrecorded, "untimed": untimed, "polls": polls,
+                "timing": "events" if events else "kernel"}
 
 
 def loaded() -> Plugin | None:

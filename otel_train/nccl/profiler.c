@@ -20,6 +20,7 @@
  * (otel_train/nccl/__init__.py does it, once, into a cache directory).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -29,7 +30,7 @@
 #include <sys/types.h>
 #include <time.h>
 
-#define OTP_VERSION 1
+#define OTP_VERSION 2
 
 /* ---- NCCL's ABI (profiler_v5.h, profiler.h of NCCL 2.28.9) ---------------------------- */
 typedef int ncclResult_t; /* ncclSuccess = 0 */
@@ -39,6 +40,7 @@ enum {
   ncclProfileGroup = (1 << 0), ncclProfileColl = (1 << 1), ncclProfileP2p = (1 << 2),
   ncclProfileProxyOp = (1 << 3), ncclProfileProxyStep = (1 << 4),
   ncclProfileProxyCtrl = (1 << 5), ncclProfileKernelCh = (1 << 6),
+  ncclProfileKernelLaunch = (1 << 11),
 };
 #define ncclProfilerKernelChStop 22
 
@@ -100,7 +102,8 @@ typedef struct {
   uint8_t algo;
   uint8_t proto;
   uint8_t nchannels;
-  uint8_t flags;      /* 1: GPU-timed (every channel reported both stamps) */
+  uint8_t flags;      /* 1: GPU-timed; 2: by CUDA events (gpu_start 0, gpu_stop the ns);
+                         4: its kernel ran other operations too (the kernel's duration) */
   uint16_t nranks;
 } otp_record;
 
@@ -141,6 +144,8 @@ typedef struct otp_op {
   _Atomic int timed;      /* channels with both GPU stamps */
   _Atomic uint64_t gpu_min, gpu_max;
   struct otp_op *prev, *next; /* in flight, oldest first */
+  struct otp_op* lnext;       /* the next operation of the same kernel launch */
+  int attached;               /* timed by a launch's CUDA events */
   otp_channel ch[OTP_MAX_CHANNELS];
 } otp_op;
 
@@ -249,6 +254,255 @@ static void finish(otp_op* op) {
   publish(&op->rec);
 }
 
+/* ---- timing by CUDA events (the default) -------------------------------------------------- */
+typedef int CUresult; /* CUDA_SUCCESS 0, CUDA_ERROR_NOT_READY 600 */
+typedef void* CUevent;
+typedef void* CUstream;
+typedef void* CUcontext;
+static struct {
+  int ok;
+  CUresult (*ctx_get)(CUcontext*);
+  CUresult (*ctx_set)(CUcontext);
+  CUresult (*event_create)(CUevent*, unsigned);
+  CUresult (*event_record)(CUevent, CUstream);
+  CUresult (*event_query)(CUevent);
+  CUresult (*event_elapsed)(float*, CUevent, CUevent);
+  CUresult (*is_capturing)(CUstream, int*);
+} cu;
+static pthread_once_t g_cu_once = PTHREAD_ONCE_INIT;
+static int g_mode_events = 1; /* OTEL_TRAIN_NCCL_TIMING: "events" (1) or "kernel" (0) */
+static pthread_once_t g_mode_once = PTHREAD_ONCE_INIT;
+
+static void read_mode(void) {
+  const char* m = getenv("OTEL_TRAIN_NCCL_TIMING");
+  g_mode_events = !(m != NULL && strcmp(m, "kernel") == 0);
+}
+
+static void cu_load(void) {
+  /* the driver the training process already uses (torch loaded it) */
+  void* h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (h == NULL) h = dlopen("libcuda.so.1", RTLD_NOW);
+  if (h == NULL) return;
+  cu.ctx_get = (CUresult(*)(CUcontext*))dlsym(h, "cuCtxGetCurrent");
+  cu.ctx_set = (CUresult(*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
+  cu.event_create = (CUresult(*)(CUevent*, unsigned))dlsym(h, "cuEventCreate");
+  cu.event_record = (CUresult(*)(CUevent, CUstream))dlsym(h, "cuEventRecord");
+  cu.event_query = (CUresult(*)(CUevent))dlsym(h, "cuEventQuery");
+  cu.event_elapsed = (CUresult(*)(float*, CUevent, CUevent))dlsym(h, "cuEventElapsedTime");
+  if (cu.event_elapsed == NULL)
+    cu.event_elapsed = (CUresult(*)(float*, CUevent, CUevent))dlsym(h, "cuEventElapsedTime_v2");
+  cu.is_capturing = (CUresult(*)(CUstream, int*))dlsym(h, "cuStreamIsCapturing");
+  cu.ok = cu.ctx_get && cu.ctx_set && cu.event_create && cu.event_record && cu.event_query &&
+          cu.event_elapsed && cu.is_capturing;
+}
+
+typedef struct otp_launch {
+  uint64_t type; /* ncclProfileKernelLaunch */
+  CUevent ev0, ev1;
+  CUcontext ctx;
+  CUstream stream;
+  int64_t t_launch;
+  int recorded, done, nops;
+  uint64_t gpu_ns;
+  int64_t t_done;
+  otp_op* ops;                 /* attached before completion, published with it */
+  int refs;                    /* the launching thread's, the pending list's, NCCL's handle */
+  struct otp_launch* next;     /* pending, oldest first */
+} otp_launch;
+
+#define OTP_POOL 4096
+static pthread_mutex_t g_launch_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_launch_cond = PTHREAD_COND_INITIALIZER;
+static otp_launch *g_pending_head, *g_pending_tail;
+static struct { CUevent ev; CUcontext ctx; } g_pool[OTP_POOL];
+static int g_pool_n;
+static pthread_once_t g_poller_once = PTHREAD_ONCE_INIT;
+static _Atomic uint64_t g_polls;      /* poller passes that queried at least one event */
+static _Atomic uint64_t g_untimed;    /* operations without GPU timing (capture, errors) */
+static __thread otp_launch* tl_launch; /* the launch of this thread's current plan */
+
+static void launch_release_locked(otp_launch* l) {
+  if (--l->refs > 0) return;
+  if (g_pool_n + 2 <= OTP_POOL) { /* events go back to the pool */
+    if (l->ev0) { g_pool[g_pool_n].ev = l->ev0; g_pool[g_pool_n++].ctx = l->ctx; }
+    if (l->ev1) { g_pool[g_pool_n].ev = l->ev1; g_pool[g_pool_n++].ctx = l->ctx; }
+  }
+  free(l);
+}
+
+static CUevent event_get(CUcontext ctx) { /* called without g_launch_lock held */
+  pthread_mutex_lock(&g_launch_lock);
+  for (int i = g_pool_n - 1; i >= 0; i--)
+    if (g_pool[i].ctx == ctx) {
+      CUevent ev = g_pool[i].ev;
+      g_pool[i] = g_pool[--g_pool_n];
+      pthread_mutex_unlock(&g_launch_lock);
+      return ev;
+    }
+  pthread_mutex_unlock(&g_launch_lock);
+  CUevent ev = NULL;
+  if (cu.event_create(&ev, 0) != 0) return NULL; /* CU_EVENT_DEFAULT: timing on */
+  return ev;
+}
+
+static void op_timed_locked(otp_op* op, otp_launch* l) {
+  op->rec.t_issue = l->t_launch;
+  op->rec.t_done = l->t_done;
+  if (l->gpu_ns) {
+    op->rec.gpu_start = 0;
+    op->rec.gpu_stop = l->gpu_ns;
+    op->rec.flags = 1 | 2 | (l->nops > 1 ? 4 : 0);
+  } else {
+    atomic_fetch_add(&g_untimed, 1);
+  }
+  flight_remove(op);
+  publish(&op->rec);
+}
+
+static void* poller(void* arg) {
+  (void)arg;
+  pthread_setname_np(pthread_self(), "otel-nccl-poll");
+  CUcontext current = NULL;
+  for (;;) {
+    pthread_mutex_lock(&g_launch_lock);
+    while (g_pending_head == NULL) pthread_cond_wait(&g_launch_cond, &g_launch_lock);
+    /* query without the lock: take references to what is pending now */
+    otp_launch* batch[64];
+    int n = 0;
+    for (otp_launch* l = g_pending_head; l != NULL && n < 64; l = l->next) {
+      l->refs++;
+      batch[n++] = l;
+    }
+    pthread_mutex_unlock(&g_launch_lock);
+    int64_t now = 0;
+    for (int i = 0; i < n; i++) {
+      otp_launch* l = batch[i];
+      if (l->ctx != current && cu.ctx_set(l->ctx) == 0) current = l->ctx;
+      CUresult r = cu.event_query(l->ev1);
+      if (r == 600) continue; /* not yet */
+      float ms = 0;
+      uint64_t gpu_ns = 0;
+      if (r == 0 && cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
+        gpu_ns = (uint64_t)((double)ms * 1e6);
+      if (now == 0) now = now_ns();
+      pthread_mutex_lock(&g_launch_lock);
+      l->done = 1;
+      l->gpu_ns = gpu_ns;
+      l->t_done = now;
+      for (otp_op* op = l->ops; op != NULL;) {
+        otp_op* next = op->lnext;
+        op_timed_locked(op, l);
+        release(op); /* the launch's reference */
+        op = next;
+      }
+      l->ops = NULL;
+      /* off the pending list */
+      otp_launch** pp = &g_pending_head;
+      otp_launch* prev = NULL;
+      while (*pp != NULL && *pp != l) { prev = *pp; pp = &(*pp)->next; }
+      if (*pp == l) {
+        *pp = l->next;
+        if (g_pending_tail == l) g_pending_tail = prev;
+        launch_release_locked(l); /* the pending list's */
+      }
+      pthread_mutex_unlock(&g_launch_lock);
+    }
+    pthread_mutex_lock(&g_launch_lock);
+    for (int i = 0; i < n; i++) launch_release_locked(batch[i]);
+    int more = g_pending_head != NULL;
+    pthread_mutex_unlock(&g_launch_lock);
+    atomic_fetch_add_explicit(&g_polls, 1, memory_order_relaxed);
+    if (more) {
+      struct timespec ts = {0, 1000000}; /* ~1 ms: completion times to about a millisecond */
+      nanosleep(&ts, NULL);
+    }
+  }
+  return NULL;
+}
+
+static void start_poller(void) {
+  pthread_t t;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_create(&t, &attr, poller, NULL);
+  pthread_attr_destroy(&attr);
+}
+
+static void launch_start(void** handle, ncclProfilerEventDescr_v5_t* d) {
+  pthread_once(&g_cu_once, cu_load);
+  otp_launch* old = tl_launch;
+  tl_launch = NULL;
+  if (old != NULL) {
+    pthread_mutex_lock(&g_launch_lock);
+    launch_release_locked(old); /* the thread's reference */
+    pthread_mutex_unlock(&g_launch_lock);
+  }
+  if (!cu.ok) return;
+  CUstream stream = (CUstream)d->kernelLaunch.stream;
+  int capturing = 0;
+  if (cu.is_capturing(stream, &capturing) != 0 || capturing != 0) return; /* never in a graph */
+  CUcontext ctx = NULL;
+  if (cu.ctx_get(&ctx) != 0 || ctx == NULL) return;
+  otp_launch* l = (otp_launch*)calloc(1, sizeof(otp_launch));
+  if (l == NULL) return;
+  l->type = ncclProfileKernelLaunch;
+  l->ctx = ctx;
+  l->stream = stream;
+  l->ev0 = event_get(ctx);
+  l->ev1 = event_get(ctx);
+  if (l->ev0 == NULL || l->ev1 == NULL || cu.event_record(l->ev0, stream) != 0) {
+    pthread_mutex_lock(&g_launch_lock);
+    l->refs = 1;
+    launch_release_locked(l);
+    pthread_mutex_unlock(&g_launch_lock);
+    return;
+  }
+  l->t_launch = now_ns();
+  l->refs = 2; /* this thread's, NCCL's handle */
+  tl_launch = l;
+  *handle = l;
+}
+
+static void launch_stop(otp_launch* l) {
+  int ok = cu.event_record(l->ev1, l->stream) == 0;
+  pthread_mutex_lock(&g_launch_lock);
+  if (ok) {
+    l->recorded = 1;
+    l->refs++; /* the pending list's */
+    l->next = NULL;
+    if (g_pending_tail) g_pending_tail->next = l; else g_pending_head = l;
+    g_pending_tail = l;
+    pthread_cond_signal(&g_launch_cond);
+  }
+  launch_release_locked(l); /* NCCL's handle */
+  pthread_mutex_unlock(&g_launch_lock);
+  if (ok) pthread_once(&g_poller_once, start_poller);
+}
+
+/* NCCL starts a plan's tasks right after launching its kernel, on the same thread: the
+ * operation takes the launch's timing (or, if the kernel already finished, has it now). */
+static int attach(otp_op* op) {
+  otp_launch* l = tl_launch;
+  if (l == NULL) return 0;
+  pthread_mutex_lock(&g_launch_lock);
+  if (!l->recorded) {
+    pthread_mutex_unlock(&g_launch_lock);
+    return 0;
+  }
+  l->nops++;
+  op->attached = 1;
+  if (l->done) {
+    op_timed_locked(op, l);
+  } else {
+    atomic_fetch_add(&op->refs, 1); /* the launch's */
+    op->lnext = l->ops;
+    l->ops = op;
+  }
+  pthread_mutex_unlock(&g_launch_lock);
+  return 1;
+}
+
 /* ---- the plugin ------------------------------------------------------------------------ */
 static ncclResult_t otp_init(void** context, uint64_t commId, int* mask, const char* name,
                              int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
@@ -274,7 +528,9 @@ static ncclResult_t otp_init(void** context, uint64_t commId, int* mask, const c
     return 0;
   }
   *context = c;
-  *mask = ncclProfileColl | ncclProfileP2p | ncclProfileKernelCh;
+  pthread_once(&g_mode_once, read_mode);
+  *mask = ncclProfileColl | ncclProfileP2p |
+          (g_mode_events ? ncclProfileKernelLaunch : ncclProfileKernelCh);
   return 0;
 }
 
@@ -310,11 +566,20 @@ static ncclResult_t otp_start(void* context, void** handle, ncclProfilerEventDes
       op->rec.nchannels = d->p2p.nChannels;
     }
     atomic_store(&op->gpu_min, UINT64_MAX);
+    if (g_mode_events) {
+      atomic_store(&op->refs, 1); /* the task's stop; attach() adds the launch's */
+      flight_add(op);
+      attach(op);
+      *handle = op;
+      return 0;
+    }
     /* references: the task's stop, and its completion while channels are to come (a
      * channel can start after NCCL stopped the task) */
     atomic_store(&op->refs, op->rec.nchannels > 0 ? 2 : 1);
     flight_add(op);
     *handle = op;
+  } else if (d->type == ncclProfileKernelLaunch) {
+    launch_start(handle, d);
   } else if (d->type == ncclProfileKernelCh) {
     otp_op* op = (otp_op*)d->parentObj;
     if (op == NULL || (op->type != ncclProfileColl && op->type != ncclProfileP2p)) return 0;
@@ -368,10 +633,20 @@ static ncclResult_t otp_stop(void* handle) {
       release(op); /* the completion's reference */
     }
     release(op); /* this channel's */
+  } else if (type == ncclProfileKernelLaunch) {
+    launch_stop((otp_launch*)handle);
   } else if (type == ncclProfileColl || type == ncclProfileP2p) {
     otp_op* op = (otp_op*)handle;
-    /* a task whose kernel reports no channel (nothing to move) is done when NCCL stops it */
-    if (op->rec.nchannels == 0) finish(op);
+    if (g_mode_events) {
+      /* no launch to time it (graph capture, copy-engine collectives): CPU times only */
+      if (!op->attached) {
+        atomic_fetch_add(&g_untimed, 1);
+        finish(op);
+      }
+    } else if (op->rec.nchannels == 0) {
+      /* a task whose kernel reports no channel (nothing to move) is done when NCCL stops it */
+      finish(op);
+    }
     release(op);
   }
   return 0;
@@ -441,12 +716,16 @@ __attribute__((visibility("default"))) uint64_t otel_train_nccl_in_flight(otp_re
 }
 
 /* Totals since the plugin was loaded: tasks started, records written, overwritten, not
- * recorded (allocation failed). */
-__attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out4) {
-  out4[0] = atomic_load(&g_ops);
-  out4[1] = atomic_load(&g_head);
+ * recorded (allocation failed), without GPU timing, poller passes, timing mode (1 events). */
+__attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out7) {
+  out7[0] = atomic_load(&g_ops);
+  out7[1] = atomic_load(&g_head);
   pthread_mutex_lock(&g_read_lock);
-  out4[2] = g_lost;
+  out7[2] = g_lost;
   pthread_mutex_unlock(&g_read_lock);
-  out4[3] = atomic_load(&g_dropped);
+  out7[3] = atomic_load(&g_dropped);
+  out7[4] = atomic_load(&g_untimed);
+  out7[5] = atomic_load(&g_polls);
+  pthread_once(&g_mode_once, read_mode);
+  out7[6] = (uint64_t)g_mode_events;
 }
