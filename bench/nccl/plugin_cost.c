@@ -17,6 +17,7 @@
  */
 #include "../../otel_train/nccl/profiler.c"
 
+#include <dirent.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -32,33 +33,34 @@ static int cmp(const void* a, const void* b) {
 }
 
 static double thread_cpu_ns(const char* name) { /* a named thread of this process */
-  char path[256], comm[64];
-  FILE* d = popen("ls /proc/self/task", "r");
+  char path[300], comm[64];
+  DIR* d = opendir("/proc/self/task");
   if (d == NULL) return -1;
-  int tid;
+  struct dirent* e;
   double out = -1;
-  while (fscanf(d, "%d", &tid) == 1) {
-    snprintf(path, sizeof path, "/proc/self/task/%d/comm", tid);
+  while ((e = readdir(d)) != NULL) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/comm", e->d_name);
     FILE* f = fopen(path, "r");
     if (f == NULL) continue;
-    if (fgets(comm, sizeof comm, f) && strncmp(comm, name, strlen(name)) == 0) {
-      fclose(f);
-      snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
-      f = fopen(path, "r");
-      char buf[1024];
-      if (f && fgets(buf, sizeof buf, f)) {
-        char* p = strrchr(buf, ')');
-        unsigned long ut = 0, st = 0;
-        /* fields after the name: state(3) ... utime(14) stime(15) */
-        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
-          out = (double)(ut + st) * 1e9 / sysconf(_SC_CLK_TCK);
-      }
-      if (f) fclose(f);
-      break;
-    }
+    int match = fgets(comm, sizeof comm, f) && strncmp(comm, name, strlen(name)) == 0;
     fclose(f);
+    if (!match) continue;
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+    f = fopen(path, "r");
+    char buf[1024];
+    if (f && fgets(buf, sizeof buf, f)) {
+      char* p = strrchr(buf, ')');
+      unsigned long ut = 0, st = 0;
+      /* after the name: state, then fields 4..13, then utime(14) stime(15) */
+      if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut,
+                      &st) == 2)
+        out = (double)(ut + st) * 1e9 / sysconf(_SC_CLK_TCK);
+    }
+    if (f) fclose(f);
+    break;
   }
-  pclose(d);
+  closedir(d);
   return out;
 }
 

@@ -359,22 +359,32 @@ static void op_timed_locked(otp_op* op, otp_launch* l) {
   publish(&op->rec);
 }
 
+#define OTP_POLL_NS 2000000 /* between passes while a launch is pending */
+
 static void* poller(void* arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "otel-nccl-poll");
   CUcontext current = NULL;
+  /* per stream, the estimated end of the last kernel seen done there */
+  struct { CUstream stream; int64_t done; } ends[16];
+  int nends = 0;
   for (;;) {
     pthread_mutex_lock(&g_launch_lock);
     while (g_pending_head == NULL) pthread_cond_wait(&g_launch_cond, &g_launch_lock);
-    /* query without the lock: take references to what is pending now */
-    otp_launch* batch[64];
+    /* query without the lock: take references to the oldest pending launch of each stream
+     * (a stream runs its kernels in order: if its oldest is not done, neither are the rest) */
+    otp_launch* batch[16];
     int n = 0;
-    for (otp_launch* l = g_pending_head; l != NULL && n < 64; l = l->next) {
+    for (otp_launch* l = g_pending_head; l != NULL && n < 16; l = l->next) {
+      int seen = 0;
+      for (int i = 0; i < n; i++) seen |= batch[i]->stream == l->stream;
+      if (seen) continue;
       l->refs++;
       batch[n++] = l;
     }
     pthread_mutex_unlock(&g_launch_lock);
     int64_t now = 0;
+    int progressed = 0;
     for (int i = 0; i < n; i++) {
       otp_launch* l = batch[i];
       if (l->ctx != current && cu.ctx_set(l->ctx) == 0) current = l->ctx;
@@ -385,10 +395,21 @@ static void* poller(void* arg) {
       if (r == 0 && cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
         gpu_ns = (uint64_t)((double)ms * 1e6);
       if (now == 0) now = now_ns();
+      /* when it ended, on the host's clock: it started once launched and once the stream's
+       * previous kernel had ended, so at best that plus its GPU time; it had ended by now */
+      int k = 0;
+      while (k < nends && ends[k].stream != l->stream) k++;
+      int64_t start = l->t_launch;
+      if (k < nends && ends[k].done > start) start = ends[k].done;
+      int64_t done = start + (int64_t)gpu_ns;
+      if (done > now || gpu_ns == 0) done = now;
+      if (k == nends && nends < 16) { ends[k].stream = l->stream; nends++; }
+      if (k < 16) ends[k].done = done;
+      progressed = 1;
       pthread_mutex_lock(&g_launch_lock);
       l->done = 1;
       l->gpu_ns = gpu_ns;
-      l->t_done = now;
+      l->t_done = done;
       for (otp_op* op = l->ops; op != NULL;) {
         otp_op* next = op->lnext;
         op_timed_locked(op, l);
@@ -412,8 +433,8 @@ static void* poller(void* arg) {
     int more = g_pending_head != NULL;
     pthread_mutex_unlock(&g_launch_lock);
     atomic_fetch_add_explicit(&g_polls, 1, memory_order_relaxed);
-    if (more) {
-      struct timespec ts = {0, 1000000}; /* ~1 ms: completion times to about a millisecond */
+    if (more && !progressed) { /* done ones may have successors done too: look again now */
+      struct timespec ts = {0, OTP_POLL_NS};
       nanosleep(&ts, NULL);
     }
   }
