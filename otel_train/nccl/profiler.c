@@ -359,14 +359,14 @@ static void op_timed_locked(otp_op* op, otp_launch* l) {
   publish(&op->rec);
 }
 
-#define OTP_POLL_NS 2000000 /* between passes while a launch is pending */
+#define OTP_POLL_NS 10000000 /* between passes while a launch is pending (10 ms) */
 
 static void* poller(void* arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "otel-nccl-poll");
   CUcontext current = NULL;
-  /* per stream, the estimated end of the last kernel seen done there */
-  struct { CUstream stream; int64_t done; } ends[16];
+  /* per stream, the last kernel seen done there and its estimated end (host clock) */
+  struct { CUstream stream; int64_t done; otp_launch* last; } ends[16];
   int nends = 0;
   for (;;) {
     pthread_mutex_lock(&g_launch_lock);
@@ -395,16 +395,34 @@ static void* poller(void* arg) {
       if (r == 0 && cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
         gpu_ns = (uint64_t)((double)ms * 1e6);
       if (now == 0) now = now_ns();
-      /* when it ended, on the host's clock: it started once launched and once the stream's
-       * previous kernel had ended, so at best that plus its GPU time; it had ended by now */
+      /* When it ended, on the host's clock. Its GPU start is the stream's previous end plus
+       * the GPU's idle gap between the two (events: exact, dependency waits included); it
+       * cannot have ended before its launch plus its GPU time (which re-anchors the chain
+       * whenever it launched into an idle stream), nor after the poll saw it. */
       int k = 0;
       while (k < nends && ends[k].stream != l->stream) k++;
-      int64_t start = l->t_launch;
-      if (k < nends && ends[k].done > start) start = ends[k].done;
-      int64_t done = start + (int64_t)gpu_ns;
+      int64_t done = l->t_launch + (int64_t)gpu_ns;
+      if (k < nends && ends[k].last != NULL && gpu_ns) {
+        float gap_ms = 0;
+        if (cu.event_elapsed(&gap_ms, ends[k].last->ev1, l->ev0) == 0 && gap_ms >= 0) {
+          int64_t chained = ends[k].done + (int64_t)((double)gap_ms * 1e6) + (int64_t)gpu_ns;
+          if (chained > done) done = chained;
+        }
+      }
       if (done > now || gpu_ns == 0) done = now;
-      if (k == nends && nends < 16) { ends[k].stream = l->stream; nends++; }
-      if (k < 16) ends[k].done = done;
+      if (k == nends && nends < 16) {
+        ends[k].stream = l->stream;
+        ends[k].last = NULL;
+        nends++;
+      }
+      if (k < 16) {
+        pthread_mutex_lock(&g_launch_lock);
+        if (ends[k].last != NULL) launch_release_locked(ends[k].last);
+        l->refs++; /* kept until the stream's next kernel is done: its end event anchors it */
+        ends[k].last = l;
+        pthread_mutex_unlock(&g_launch_lock);
+        ends[k].done = done;
+      }
       progressed = 1;
       pthread_mutex_lock(&g_launch_lock);
       l->done = 1;
