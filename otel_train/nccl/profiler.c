@@ -371,28 +371,45 @@ static void* poller(void* arg) {
   for (;;) {
     pthread_mutex_lock(&g_launch_lock);
     while (g_pending_head == NULL) pthread_cond_wait(&g_launch_cond, &g_launch_lock);
-    /* query without the lock: take references to the oldest pending launch of each stream
-     * (a stream runs its kernels in order: if its oldest is not done, neither are the rest) */
-    otp_launch* batch[16];
+    /* query without the lock: take references to what is pending (oldest first) */
+    otp_launch* batch[256];
     int n = 0;
-    for (otp_launch* l = g_pending_head; l != NULL && n < 16; l = l->next) {
-      int seen = 0;
-      for (int i = 0; i < n; i++) seen |= batch[i]->stream == l->stream;
-      if (seen) continue;
+    for (otp_launch* l = g_pending_head; l != NULL && n < 256; l = l->next) {
       l->refs++;
       batch[n++] = l;
     }
     pthread_mutex_unlock(&g_launch_lock);
-    int64_t now = 0;
-    int progressed = 0;
+    /* A stream runs its kernels in order: if its newest pending launch is done, all are;
+     * else walk from its oldest until one is not. One query per stream per pass, mostly. */
+    char ready[256];
+    memset(ready, 0, sizeof ready);
     for (int i = 0; i < n; i++) {
       otp_launch* l = batch[i];
+      int first = 1;
+      for (int j = 0; j < i; j++) first &= batch[j]->stream != l->stream;
+      if (!first) continue;
+      int newest = i;
+      for (int j = i + 1; j < n; j++)
+        if (batch[j]->stream == l->stream) newest = j;
       if (l->ctx != current && cu.ctx_set(l->ctx) == 0) current = l->ctx;
-      CUresult r = cu.event_query(l->ev1);
-      if (r == 600) continue; /* not yet */
+      if (cu.event_query(batch[newest]->ev1) != 600) {
+        for (int j = i; j <= newest; j++) ready[j] = batch[j]->stream == l->stream;
+        continue;
+      }
+      for (int j = i; j < newest; j++) {
+        if (batch[j]->stream != l->stream) continue;
+        if (cu.event_query(batch[j]->ev1) == 600) break;
+        ready[j] = 1;
+      }
+    }
+    int64_t now = 0;
+    for (int i = 0; i < n; i++) {
+      otp_launch* l = batch[i];
+      if (!ready[i]) continue; /* not yet */
+      if (l->ctx != current && cu.ctx_set(l->ctx) == 0) current = l->ctx;
       float ms = 0;
       uint64_t gpu_ns = 0;
-      if (r == 0 && cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
+      if (cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
         gpu_ns = (uint64_t)((double)ms * 1e6);
       if (now == 0) now = now_ns();
       /* When it ended, on the host's clock. Its GPU start is the stream's previous end plus
@@ -423,7 +440,6 @@ static void* poller(void* arg) {
         pthread_mutex_unlock(&g_launch_lock);
         ends[k].done = done;
       }
-      progressed = 1;
       pthread_mutex_lock(&g_launch_lock);
       l->done = 1;
       l->gpu_ns = gpu_ns;
@@ -451,7 +467,7 @@ static void* poller(void* arg) {
     int more = g_pending_head != NULL;
     pthread_mutex_unlock(&g_launch_lock);
     atomic_fetch_add_explicit(&g_polls, 1, memory_order_relaxed);
-    if (more && !progressed) { /* done ones may have successors done too: look again now */
+    if (more) { /* each pass takes every finished launch: the next in 10 ms */
       struct timespec ts = {0, OTP_POLL_NS};
       nanosleep(&ts, NULL);
     }
