@@ -25,8 +25,9 @@ if TYPE_CHECKING:  # what type checkers and editors see; at run time these load 
     from otel_train.config import Config, ConfigWarning
     from otel_train.instrument import Instrumentation, instrument
 
-__all__ = ["Config", "ConfigWarning", "Instrumentation", "instrument"]
-__version__ = "0.1.0"
+from otel_train._version import __version__
+
+__all__ = ["Config", "ConfigWarning", "Instrumentation", "__version__", "instrument"]
 
 #: public name -> the submodule that defines it
 _LAZY = {

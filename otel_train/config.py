@@ -273,6 +273,13 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     return Config(**values)
 
 
+def sdk_disabled(env: Mapping[str, str] | None = None) -> bool:
+    """``OTEL_SDK_DISABLED=true`` (the specification's switch, case-insensitive): no
+    telemetry at all; any other value, or none, changes nothing."""
+    env = os.environ if env is None else env
+    return env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
+
+
 def otlp_endpoint_configured(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return any(

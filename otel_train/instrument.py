@@ -125,6 +125,11 @@ class Instrumentation:
     # --- start -----------------------------------------------------------------------
     def start(self) -> None:
         global _active
+        if config_mod.sdk_disabled():
+            self._inert = True  # the OpenTelemetry switch for all signals: nothing installed
+            warnings.warn("otel-train: OTEL_SDK_DISABLED=true: no telemetry for this run; "
+                          "training runs uninstrumented", ConfigWarning, stacklevel=3)
+            return
         with _active_lock:
             if _active is not None or self._started:
                 warnings.warn("otel-train: instrument() is already active in this process; "

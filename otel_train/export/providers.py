@@ -41,6 +41,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, T
 
 from otel_train import config as config_mod
 from otel_train import semconv
+from otel_train._version import __version__
 from otel_train.config import Config, ConfigWarning
 from otel_train.identity import Identity
 
@@ -169,10 +170,14 @@ def _otlp_protocol(signal: str) -> str:
     ).strip().lower()
 
 
-def _otlp_exporters() -> tuple[SpanExporter, MetricExporter, LogRecordExporter]:
-    """OTLP exporters configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables."""
-    exporters = []
+def _otlp_exporters(only: str | None = None) -> tuple[Any, Any, Any]:
+    """OTLP exporters configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables (of one
+    signal only, the others None, if ``only`` names it)."""
+    exporters: list[Any] = []
     for signal in ("traces", "metrics", "logs"):
+        if only is not None and signal != only:
+            exporters.append(None)
+            continue
         protocol = _otlp_protocol(signal)
         if protocol not in ("grpc", "http/protobuf"):
             warnings.warn(f"otel-train: OTLP protocol {protocol!r} for {signal} is not supported "
@@ -218,6 +223,47 @@ def _file_exporters(run_dir: Path, rank: int) -> tuple[SpanExporter, MetricExpor
     )
 
 
+#: OTEL_{TRACES,METRICS,LOGS}_EXPORTER values honoured per signal (the specification's
+#: others, zipkin or prometheus, name exporters otel-train does not build: warned, ignored)
+SIGNAL_EXPORTERS = ("otlp", "console", "none")
+
+
+def signal_exporter(signal: str) -> str | None:
+    """``OTEL_<SIGNAL>_EXPORTER`` for "traces", "metrics" or "logs": "otlp", "console",
+    "none", or None when unset (or unusable: warned)."""
+    name = f"OTEL_{signal.upper()}_EXPORTER"
+    raw = os.environ.get(name, "").strip().lower()
+    if not raw:
+        return None
+    first = raw.split(",")[0].strip()  # a list is allowed; otel-train builds one exporter
+    if first in SIGNAL_EXPORTERS:
+        return first
+    warnings.warn(f"otel-train: {name}={raw!r} is not one of {', '.join(SIGNAL_EXPORTERS)}; "
+                  "ignored", ConfigWarning, stacklevel=4)
+    return None
+
+
+def _signal_overrides(spans: Any, metrics: Any, logs: Any) -> tuple[Any, Any, Any]:
+    """The exporters after OTEL_{TRACES,METRICS,LOGS}_EXPORTER: "none" turns a signal's
+    export off, "otlp" and "console" replace its exporter."""
+    chosen = {"traces": spans, "metrics": metrics, "logs": logs}
+    for signal in chosen:
+        kind = signal_exporter(signal)
+        if kind == "none":
+            chosen[signal] = None
+        elif kind == "otlp":
+            chosen[signal] = _otlp_exporters(only=signal)[("traces", "metrics",
+                                                            "logs").index(signal)]
+        elif kind == "console":
+            from opentelemetry.sdk._logs.export import ConsoleLogExporter
+            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            chosen[signal] = {"traces": ConsoleSpanExporter, "metrics": ConsoleMetricExporter,
+                              "logs": ConsoleLogExporter}[signal]()
+    return chosen["traces"], chosen["metrics"], chosen["logs"]
+
+
 def choose_exporter(cfg: Config) -> str:
     if cfg.exporter != "auto":
         return cfg.exporter
@@ -250,7 +296,7 @@ def build_resource(cfg: Config, ident: Identity) -> Resource:
         value = next((os.environ[n] for n in names if os.environ.get(n)), None)
         if value:
             attributes[key] = value
-    return Resource.create(attributes)
+    return Resource.create(attributes, schema_url=semconv.SCHEMA_URL)
 
 
 _live_pipelines: weakref.WeakSet[Pipeline] = weakref.WeakSet()
@@ -291,26 +337,30 @@ class Pipeline:
         self.readers: list[PeriodicExportingMetricReader] = []
         self.processors: list[Any] = []
         self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-        if exporters is not None:
-            spans, metrics, logs = exporters
-            self.processors = [
-                _CountingBatchSpanProcessor(_CountingSpanExporter(spans, self.dropped),
-                                            self.dropped),
-                _CountingBatchLogProcessor(_CountingLogExporter(logs, self.dropped),
-                                           self.dropped),
-            ]
-            self.tracer_provider.add_span_processor(self.processors[0])
-            self.logger_provider.add_log_record_processor(self.processors[1])
+        spans, metrics, logs = exporters if exporters is not None else (None, None, None)
+        spans, metrics, logs = _signal_overrides(spans, metrics, logs)
+        if spans is not None:
+            processor = _CountingBatchSpanProcessor(_CountingSpanExporter(spans, self.dropped),
+                                                    self.dropped)
+            self.processors.append(processor)
+            self.tracer_provider.add_span_processor(processor)
+        if logs is not None:
+            processor = _CountingBatchLogProcessor(_CountingLogExporter(logs, self.dropped),
+                                                   self.dropped)
+            self.processors.append(processor)
+            self.logger_provider.add_log_record_processor(processor)
+        if metrics is not None:
             self.readers.append(PeriodicExportingMetricReader(
                 _CountingMetricExporter(metrics, self.dropped)))
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=self.readers,
                                             shutdown_on_exit=False)
         _live_pipelines.add(self)
-        self.tracer = self.tracer_provider.get_tracer(semconv.SCOPE_NAME)
-        self._scope = InstrumentationScope(semconv.SCOPE_NAME)
+        scope = (semconv.SCOPE_NAME, __version__, semconv.SCHEMA_URL)
+        self.tracer = self.tracer_provider.get_tracer(*scope)
+        self._scope = InstrumentationScope(*scope)
         self._span_processors = [p for p in self.processors if isinstance(p, BatchSpanProcessor)]
-        self.meter = self.meter_provider.get_meter(semconv.SCOPE_NAME)
-        self.otel_logger = self.logger_provider.get_logger(semconv.SCOPE_NAME)
+        self.meter = self.meter_provider.get_meter(*scope)
+        self.otel_logger = self.logger_provider.get_logger(*scope)
 
     # --- what the emitter makes: the one place OpenTelemetry objects are built ----------
     def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
