@@ -142,9 +142,16 @@ def test_log_lines_carry_the_ids_of_the_span_they_were_written_in(tmp_path, capl
         span = spans[record["spanId"]]
         assert span["name"] == semconv.SPAN_FORWARD and span["traceId"] == record["traceId"]
         assert record["attrs"][semconv.LOG_STEP] == span["attrs"][semconv.ATTR_STEP]
+    # a line logged after optimizer step k is counted in step k+1 (steps are contiguous), and
+    # carries step k+1's ids; after the last step, those of a step that never ran
+    assert sorted(r["attrs"][semconv.LOG_STEP] for r in after_logs) == [1, 2, 3, 4]
     for record in after_logs + structlog_logs:
-        span = spans[record["spanId"]]
-        assert span["name"] == semconv.SPAN_RANK_STEP and span["traceId"] == record["traceId"]
+        step = record["attrs"][semconv.LOG_STEP]
+        assert record["traceId"] == f"{identity.step_trace_id(inst.run_id, step):032x}"
+        if step < 4:
+            span = spans[record["spanId"]]
+            assert span["name"] == semconv.SPAN_RANK_STEP
+            assert span["traceId"] == record["traceId"]
         assert record["attrs"][semconv.LOG_RUN_ID] == inst.run_id
         assert record["attrs"][semconv.LOG_RANK] == 0
     # the stdlib records themselves were stamped too, for the application's own formatters
@@ -154,6 +161,35 @@ def test_log_lines_carry_the_ids_of_the_span_they_were_written_in(tmp_path, capl
     assert len(step_logs) == 4
     assert all(r["attrs"][semconv.LOG_PHASE] == "step" and r["attrs"][semconv.LOG_DURATION_MS] > 0
                for r in step_logs)
+
+
+def test_a_line_at_the_top_of_loop_iteration_k_carries_step_k(tmp_path, caplog):
+    """Issue 16, item 1: a line logged after step k-1's optimizer step and before step k's
+    first phase (the top of the loop, before the batch is fetched) is counted in step k's
+    time and must carry step k's trace and a span of that trace: stdlib and structlog."""
+    caplog.set_level(logging.WARNING)
+    model, opt, loader = training.setup(batches=4)
+    it = iter(loader)
+    with otel_train.instrument(model, output_dir=tmp_path) as inst:
+        for k in range(4):
+            training.user_log.warning("top of iteration %d", k)
+            structlog.get_logger("user").warning("structlog top", k=k)
+            training.one_step(model, opt, next(it))
+    run_dir = otlp_files.only_run_dir(tmp_path)
+    spans = {s["spanId"]: s for s in otlp_files.spans(run_dir)}
+    records = [r for r in otlp_files.logs(run_dir)
+               if r["body"]["stringValue"].startswith(("top of iteration", "structlog top"))]
+    assert len(records) == 8
+    for record in records:
+        body = record["body"]["stringValue"]
+        k = int(body.rsplit(" ", 1)[1]) if body.startswith("top") else record["attrs"]["k"]
+        assert record["attrs"][semconv.LOG_STEP] == k
+        assert record["traceId"] == f"{identity.step_trace_id(inst.run_id, k):032x}"
+        span = spans[record["spanId"]]  # a span of that very trace
+        assert span["traceId"] == record["traceId"] and span["attrs"][semconv.ATTR_STEP] == k
+    stamped = [r for r in caplog.records if r.getMessage().startswith("top of iteration")]
+    assert [r.trace_id for r in stamped] == [
+        f"{identity.step_trace_id(inst.run_id, k):032x}" for k in range(4)]
 
 
 def _patch_state(model):

@@ -202,8 +202,15 @@ class StepTracker:
 
     # --- ids for log lines -----------------------------------------------------------
     def current_ids(self) -> tuple[int, int, int]:
-        """(step, trace id, span id) of what the training thread is doing now."""
+        """(step, trace id, span id) of what the training thread is doing now.
+
+        Steps are contiguous: once an optimizer step has ended, the time that follows (the
+        top of the next loop iteration, a checkpoint, an evaluation) is counted in the next
+        step, so a line logged then carries the next step's ids (its trace id is derived from
+        the run id and the step, known in advance). Inside a phase: that phase's span."""
         step = self.step
+        if self.pending_end_ns is not None and self.phase is None:
+            step += 1
         cached_step, trace_id, rank_span = self._ids_cache
         if cached_step != step:
             trace_id = identity.step_trace_id(self.run_id, step)
