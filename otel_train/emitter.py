@@ -133,6 +133,9 @@ class Emitter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-train-emitter", daemon=True)
         self.steps_emitted = 0
+        #: (end on the perf_counter clock, step) of the last steps the training thread
+        #: finished, held or emitted: which step a moment belonged to (step_at)
+        self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
         self.errors = 0
         self._base_attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
         self._make_instruments()
@@ -260,6 +263,7 @@ class Emitter:
         if kind == PHASE:
             self._phases[record[1]].append(record)
         elif kind == STEP:
+            self._step_ends.append((record[3], record[1]))
             if self._step_gates:
                 self._held_steps.append(record)
                 self._release_steps()
@@ -368,6 +372,22 @@ class Emitter:
                     size: Any) -> None:
         """A step's NCCL plugin records: spans and points made where spans are built."""
         self.pipeline.collectives(spec, rows, duration, size)
+
+    def step_at(self, perf_ns: int) -> int:
+        """The training step a moment (perf_counter ns) belonged to: the first step that ended
+        after it, or the one after the last step finished so far. Steps are contiguous, and
+        steps held back (for the flight recorder, say) count: not the emitted count."""
+        ends = self._step_ends
+        if not ends:
+            return self.steps_emitted
+        if perf_ns >= ends[-1][0]:
+            return ends[-1][1] + 1
+        found = ends[-1][1]
+        for end, step in reversed(ends):
+            if end <= perf_ns:
+                break
+            found = step
+        return found
 
     def exemplar_context(self, info: StepInfo) -> otel_context.Context | None:
         """The context that binds a step's metric points to its span (made once a step:

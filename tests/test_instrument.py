@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import urllib.request
 import warnings
 from collections import Counter, defaultdict
@@ -190,6 +191,21 @@ def test_a_line_at_the_top_of_loop_iteration_k_carries_step_k(tmp_path, caplog):
     stamped = [r for r in caplog.records if r.getMessage().startswith("top of iteration")]
     assert [r.trace_id for r in stamped] == [
         f"{identity.step_trace_id(inst.run_id, k):032x}" for k in range(4)]
+
+
+def test_the_emitter_knows_which_step_a_moment_belonged_to(tmp_path):
+    """Issue 16, item 3: NCCL operations found later (flight recorder, plugin) and their stall
+    logs take their step from the time they were issued, not from how many steps the emitter
+    has emitted (steps wait for the flight recorder's next read, up to 64 of them)."""
+    model, opt, loader = training.setup(batches=4)
+    it = iter(loader)
+    tops = []
+    with otel_train.instrument(model, output_dir=tmp_path) as inst:
+        for _ in range(4):
+            tops.append(time.perf_counter_ns())  # the top of the iteration: the gap
+            training.one_step(model, opt, next(it))
+            tops.append(time.perf_counter_ns())  # after the optimizer step: the next step's
+    assert [inst.emitter.step_at(t) for t in tops] == [0, 1, 1, 2, 2, 3, 3, 4]
 
 
 def _patch_state(model):

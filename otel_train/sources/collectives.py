@@ -442,7 +442,7 @@ class Ledger:
         group, size = self._group(comm, oldest[13])
         coll = Collective(-1, op, "nccl:" + op, "nccl", group, size, nbytes,
                           nccl.DTYPES[oldest[8]] if oldest[8] < len(nccl.DTYPES) else "", (),
-                          True, t_issue, self.emitter.steps_emitted, seq, "nccl_profiler")
+                          True, t_issue, self._step_at(t_issue), seq, "nccl_profiler")
         self.stall.check([coll], now)
         self._stalled[key] = (coll.stalled_at + self.offset, coll.span_id,
                               self.stall.timeout_ns / 1e9)
@@ -484,7 +484,9 @@ class Ledger:
         return False
 
     def _step_at(self, perf_ns: int) -> int:
-        return self.emitter.steps_emitted  # NCCL entries: the step being trained now
+        """The step that issued an NCCL operation, from its time: steps held for a read of
+        the flight recorder count (stall logs and spans must carry the issuing step)."""
+        return self.emitter.step_at(perf_ns)
 
     # --- steps -----------------------------------------------------------------------
     def before_step(self, info: Any) -> None:
