@@ -164,12 +164,25 @@ def test_cli_without_a_source_exits_2(capsys: pytest.CaptureFixture[str]) -> Non
     assert "give a run directory" in capsys.readouterr().err
 
 
-def test_unimplemented_live_backends_say_so(healthy: Path,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "--tempo", "http://127.0.0.1:9", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["checks"]
-    assert rows and all(row["status"] == NOT_APPLICABLE and "not implemented" in row["evidence"]
-                        for row in rows)
+def test_there_is_no_tempo_option(capsys: pytest.CaptureFixture[str]) -> None:
+    """No real Tempo may run in the tests (AGPL), so no client: the option is gone rather
+    than accepted and silently checking nothing."""
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--tempo", "http://127.0.0.1:9", "--json"])
+    assert exc.value.code == 2 and "--tempo" in capsys.readouterr().err
+
+
+def test_a_check_where_nothing_applied_is_not_a_pass() -> None:
+    from otel_train.check.cli import exit_status
+    from otel_train.check.model import CheckResult
+
+    def row(status: str) -> CheckResult:
+        return CheckResult("trace_coverage", status, "evidence", "fix", "run dir")
+
+    assert exit_status([row(NOT_APPLICABLE), row(NOT_APPLICABLE)]) == 2
+    assert exit_status([]) == 2
+    assert exit_status([row(NOT_APPLICABLE), row(PASS)]) == 0
+    assert exit_status([row(PASS), row(FAIL)]) == 1
 
 
 def test_no_run_spans_at_all_is_not_applicable(copy: Path) -> None:

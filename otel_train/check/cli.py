@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from otel_train.check.model import CheckResult, failed, merge
+from otel_train.check.model import PASS, CheckResult, failed, merge
 from otel_train.check.render import render_table, write_json
 
 
@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "check", help="verify the production attribution checklist",
         description="One row per checklist item (pass, fail, n/a) with evidence and fix. "
-                    "Exit status 1 when an item fails, 2 when no source could be read.")
+                    "Exit status 1 when an item fails, 2 when no source could be read "
+                    "or no item was applicable (nothing verified).")
     parser.add_argument("run", type=Path, nargs="?", help="run directory (or the root "
                         "holding runs: the newest is read)")
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (HTTP API)")
@@ -23,7 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "a collector's output, and live series)")
     parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL (HTTP API, "
                         "e.g. http://127.0.0.1:16686); needs the run id")
-    parser.add_argument("--tempo", metavar="URL", help="Tempo base URL")
     parser.add_argument("--loki", metavar="URL", help="Loki base URL (HTTP API, "
                         "e.g. http://127.0.0.1:3100); needs the run id")
     parser.add_argument("--json", action="store_true", help="print JSON only")
@@ -57,10 +57,6 @@ def gather_results(args: argparse.Namespace) -> list[CheckResult]:
         from otel_train.check.loki import check_loki
 
         results += check_loki(args.loki, _needs_run_id("--loki", run_id))
-    if args.tempo:
-        from otel_train.check.live_stub import not_implemented
-
-        results += not_implemented("tempo")
     return merge(results)
 
 
@@ -90,7 +86,7 @@ def _live_exemplars(prometheus: str | None, run_id: str | None
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.run is None and not (args.prometheus or args.jaeger or args.tempo or args.loki):
+    if args.run is None and not (args.prometheus or args.jaeger or args.loki):
         print("otel-train check: give a run directory or a live endpoint (--prometheus ...)",
               file=sys.stderr)
         return 2
@@ -103,4 +99,16 @@ def run(args: argparse.Namespace) -> int:
         write_json(results, sys.stdout)
     else:
         render_table(results)
-    return 1 if failed(results) else 0
+    status = exit_status(results)
+    if status == 2:
+        print("otel-train check: no checklist item was applicable to what was given; nothing "
+              "was verified", file=sys.stderr)
+    return status
+
+
+def exit_status(results: list[CheckResult]) -> int:
+    """1 when an item failed; 2 when none passed either (every row n/a: nothing was
+    verified, which must not read as success); else 0."""
+    if failed(results):
+        return 1
+    return 0 if any(r.status == PASS for r in results) else 2
