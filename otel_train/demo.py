@@ -126,13 +126,25 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, results: Any) -> 
         sampler = torch.utils.data.distributed.DistributedSampler(data, shuffle=False)
         loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler,
                             num_workers=args.workers, persistent_workers=args.workers > 0)
-        with otel_train.instrument(model, optimizer=opt, run_id=args.run_id,
-                                   output_dir=args.output_dir) as inst:
+        inst = otel_train.instrument(model, optimizer=opt, run_id=args.run_id,
+                                     output_dir=args.output_dir)
+        with warnings.catch_warnings(record=True) as caught:  # to say why, if it did not start
+            warnings.simplefilter("always", otel_train.ConfigWarning)
+            inst.start()
+        for w in caught:  # shown as they would have been
+            warnings.showwarning(w.message, w.category, w.filename, w.lineno)
+        try:
             _train(model, opt, loader, args, rank)
-        if rank == 0:
-            results.put({"run_id": inst.run_id,
-                         "run_dir": str(inst.run_dir) if inst.run_dir else None,
-                         "dropped": inst.dropped})
+        except BaseException as err:
+            inst.stop(err)
+            raise
+        inst.stop(None)
+        results.put({"rank": rank, "run_id": inst.run_id,
+                     "run_dir": str(inst.run_dir) if inst.run_dir else None,
+                     "dropped": inst.dropped,
+                     "why": "; ".join(str(w.message) for w in caught
+                                      if issubclass(w.category, otel_train.ConfigWarning))
+                            or "unknown"})
     finally:
         dist.destroy_process_group()
 
@@ -250,14 +262,19 @@ def run(args: argparse.Namespace) -> int:
     results = mp.get_context("spawn").SimpleQueue()
     mp.start_processes(_rank_main, args=(args, port, results), nprocs=args.ranks, join=True,
                        start_method="spawn")
-    result = results.get()
+    by_rank = {r["rank"]: r for r in (results.get() for _ in range(args.ranks))}
+    result = {k: v for k, v in by_rank[0].items() if k not in ("rank", "why")}
     if result["run_dir"]:
         run_dir = Path(result["run_dir"])
         print_summary(run_dir)
         print_next_steps(run_dir, result)
+    uninstrumented = {r: v["why"] for r, v in sorted(by_rank.items()) if v["run_id"] is None}
+    result["uninstrumented_ranks"] = sorted(uninstrumented)
     if not sys.stdout.isatty():
         print(json.dumps(result))
-    return 0
+    for rank, why in uninstrumented.items():
+        print(f"otel-train demo: rank {rank} trained uninstrumented: {why}", file=sys.stderr)
+    return 1 if uninstrumented else 0
 
 
 def _quiet_numpy_in_children() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -55,3 +56,21 @@ def test_demo_at_a_terminal_prints_no_log_lines_or_numpy_warnings(tmp_path: Path
     assert f"telemetry: runs/{run_dirs[0].name}/" in text
     assert re.search(r"otel-train report runs\s", text) and re.search(r"otel-train check runs\s",
                                                                        text), text[-2000:]
+
+
+def test_a_rank_that_trained_uninstrumented_makes_the_demo_fail_and_say_why(
+        tmp_path: Path) -> None:
+    """Issue 16, item 13: a rank whose instrumentation did not start trains on, but the demo
+    (whose point is the telemetry) exits non-zero naming the rank and the reason. Caused for
+    real here by the OpenTelemetry switch every rank reads, OTEL_SDK_DISABLED=true."""
+    done = subprocess.run(
+        [sys.executable, "-m", "otel_train.cli", "demo", "--ranks", "2", "--steps", "3",
+         "--no-compile", "--output-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OTEL_SDK_DISABLED": "true"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} trained uninstrumented: " in done.stderr
+    assert "OTEL_SDK_DISABLED" in done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["uninstrumented_ranks"] == [0, 1] and result["run_dir"] is None

@@ -73,3 +73,27 @@ def test_cli_writes_json_and_html(run_dir: Path, tmp_path: Path,
     assert data["run_id"] == "report-real"
     text = html.read_text(encoding="utf-8")
     assert text.count('data-plot="gantt"') == 3 and 'data-plot="distributions"' in text
+
+
+def test_a_rank_that_sent_nothing_is_named_by_report_and_check(
+        run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 16, item 13: a rank whose instrumentation failed to start trains on but sends
+    nothing; the world size every rank records names it. Rank 1's files are removed from a
+    copy of the real run, which is what such a rank leaves behind."""
+    import shutil
+
+    copy = tmp_path / run_dir.name
+    shutil.copytree(run_dir, copy)
+    removed = [p for p in copy.iterdir() if ".rank-1." in p.name]
+    assert removed
+    for path in removed:
+        path.unlink()
+    assert build_report(copy).missing_ranks == [1]
+    assert main(["report", str(copy)]) == 0
+    assert "ranks that sent no telemetry: [1]" in capsys.readouterr().out
+    assert main(["report", str(copy), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["missing_ranks"] == [1]
+    assert main(["check", str(copy), "--json"]) == 1
+    rows = {c["id"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    assert rows["trace_coverage"]["status"] == "fail"
+    assert "ranks without any span: [1]" in rows["trace_coverage"]["evidence"]

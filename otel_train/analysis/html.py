@@ -54,6 +54,8 @@ def _summary(report: Report) -> str:
     items = [f"{report.world_size} ranks", f"{report.sampled_steps} sampled steps"
              + (f" of {report.trained_steps} trained" if report.trained_steps else ""),
              f"wall {fmt_s(report.wall_s)}"]
+    if report.missing_ranks:
+        items.append(f"ranks that sent no telemetry: {report.missing_ranks}")
     if report.straggler is not None:
         items.extend(straggler_lines(report))
     if report.samples_per_s:

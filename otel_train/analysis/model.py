@@ -118,8 +118,15 @@ class Report:
     tokens_per_s: float | None
     dropped: dict[str, float]
 
+    @property
+    def missing_ranks(self) -> list[int]:
+        """Ranks of the world (every rank records its world size) that sent no telemetry:
+        a rank whose instrumentation failed to start trains on, and must not vanish."""
+        return sorted(set(range(self.world_size)) - set(self.ranks))
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
+        data["missing_ranks"] = self.missing_ranks
         for row, slow in zip(data["slow_steps"], self.slow_steps, strict=True):
             row["cause"] = slow.cause
         return data

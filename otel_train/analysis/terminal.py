@@ -118,6 +118,10 @@ def _header(report: Report) -> str:
     trained = f" of {report.trained_steps} trained" if report.trained_steps else ""
     lines = [f"[bold]run {report.run_id}[/]: {report.world_size} ranks, "
              f"{report.sampled_steps} sampled steps{trained}, wall {fmt_s(report.wall_s)}"]
+    if report.missing_ranks:
+        lines.append(f"[bold red]ranks that sent no telemetry: {report.missing_ranks}[/] "
+                     f"(of {report.world_size}; their instrumentation did not start or "
+                     "their export failed: see their stderr)")
     lines.extend(straggler_lines(report, bold=True))
     if report.samples_per_s:
         tokens = f", {report.tokens_per_s:,.0f} tokens/s" if report.tokens_per_s else ""
