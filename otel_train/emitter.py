@@ -425,8 +425,12 @@ class Emitter:
 
     def _otel_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any],
                   trace_id: int, span_id: int) -> None:
-        attributes = {k: _attr_value(v) for k, v in redact.redact_mapping(fields).items()
-                      if k not in ("level", "timestamp")}
+        attributes = {}
+        for k, v in redact.redact_mapping(fields).items():  # denied keys, at any depth
+            if k in ("level", "timestamp"):
+                continue
+            v = _attr_value(v)  # nested values and objects become their repr: scrub it too
+            attributes[k] = redact.scrub(v) if isinstance(v, str) else v
         attributes.setdefault(semconv.LOG_RUN_ID, self.ident.run_id)
         attributes.setdefault(semconv.LOG_RANK, self.ident.rank)
         parent = None

@@ -186,7 +186,7 @@ def test_secrets_in_log_fields_are_redacted_before_export(tmp_path):
     connecting = next(r for r in records if r["body"]["stringValue"] == "connecting")
     assert connecting["attrs"]["db_password"] == redact.REDACTED
     assert connecting["attrs"]["api_key"] == redact.REDACTED
-    assert connecting["attrs"]["header"] == redact.REDACTED
+    assert connecting["attrs"]["header"] == f"Bearer {redact.REDACTED}"  # scrubbed in place
     assert connecting["attrs"]["endpoint"] == "https://host/v1"
     text = otlp_files.only_run_dir(tmp_path).joinpath("logs.rank-0.jsonl").read_text()
     assert "hunter2" not in text and "s3cret" not in text and "k-123" not in text

@@ -40,7 +40,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
 from otel_train import config as config_mod
-from otel_train import semconv
+from otel_train import redact, semconv
 from otel_train._version import __version__
 from otel_train.config import Config, ConfigWarning
 from otel_train.identity import Identity
@@ -388,6 +388,10 @@ class Pipeline:
                           _SAMPLED_FLAGS if sampled else _UNSAMPLED_FLAGS, trace_state)
         if not sampled or not self._span_processors:
             return ctx
+        if error:  # exception texts end up here: nothing secret leaves (redact.py)
+            error = redact.scrub(str(error))
+        if events:
+            events = [(e[0], e[1], redact.redact_mapping(e[2])) for e in events]
         readable = ReadableSpan(
             name=name, context=ctx, parent=parent, resource=self.resource,
             attributes=attributes,
