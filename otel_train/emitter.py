@@ -20,7 +20,7 @@ from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_train import identity, redact, semconv
+from otel_train import identity, internal_errors, redact, semconv
 from otel_train.config import Config
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.prometheus import PrometheusEndpoint
@@ -160,6 +160,11 @@ class Emitter:
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero point for each signal, so "nothing dropped" is a fact, not a gap
             self.dropped_ctr.add(0, {**self._base_attrs, semconv.ATTR_SIGNAL: signal})
+        self.internal_errors_ctr = meter.create_counter(
+            semconv.METRIC_INTERNAL_ERRORS, unit="{error}",
+            description="Exceptions otel-train caught on its hook paths so that training "
+                        "went on, by component (each component's first one is logged).")
+        self._reported_internal: dict[str, int] = dict(internal_errors.snapshot())
 
     # --- extension points for sources/ -----------------------------------------------
     def on_event(self, source: str, handler: Callable[[Any], None]) -> None:
@@ -234,6 +239,7 @@ class Emitter:
             try:
                 self._dispatch(record)
             except Exception as err:  # never let one bad record stop the emitter
+                internal_errors.count("emitter", err)
                 self.errors += 1
                 if self.console is not None and self.errors <= 5:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
@@ -256,6 +262,7 @@ class Emitter:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind="tick")
         self.report_drops()
+        self.report_internal_errors()
         self.pipeline.commit()
 
     def _dispatch(self, record: tuple[Any, ...]) -> None:
@@ -448,6 +455,22 @@ class Emitter:
         if exporter_dropped is not None:  # the exporter process's own losses
             total.update(exporter_dropped())
         return total
+
+    def report_internal_errors(self) -> None:
+        """Export the hook paths' swallowed exceptions; log each component's first one."""
+        for component, count in internal_errors.snapshot().items():
+            delta = count - self._reported_internal.get(component, 0)
+            if delta <= 0:
+                continue
+            first = component not in self._reported_internal
+            self._reported_internal[component] = count
+            self.internal_errors_ctr.add(delta, {**self._base_attrs,
+                                                 semconv.ATTR_COMPONENT: component})
+            if first and self.console is not None:
+                self.console.warning("otel_train.internal_error", component=component,
+                                     error=internal_errors.first_error(component),
+                                     hint="training goes on; this part of the telemetry may "
+                                          "be missing (counted in otel_train.internal.errors)")
 
     def report_drops(self) -> None:
         """Bring the dropped counter up to date with what the recorder and exporters lost."""

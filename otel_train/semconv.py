@@ -114,6 +114,9 @@ METRIC_COMPILE_RECOMPILES = "training.compile.recompiles"
 METRIC_CPU_THROTTLED_TIME = "training.cpu.throttled.time"
 METRIC_MFU = "training.mfu"
 METRIC_TELEMETRY_DROPPED = "otel_train.telemetry.dropped"
+#: exceptions otel-train caught on its hook paths so that training goes on (by component)
+METRIC_INTERNAL_ERRORS = "otel_train.internal.errors"
+ATTR_COMPONENT = "component"
 
 #: values of the ``signal`` attribute of the dropped counter
 SIGNAL_SPANS = "spans"

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from otel_train import collectives_math as cmath
-from otel_train import nccl, semconv
+from otel_train import internal_errors, nccl, semconv
 from otel_train.config import ConfigWarning
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.remote import ctx_tuple
@@ -250,6 +250,7 @@ class Ledger:
             try:
                 listener(info)
             except Exception as err:
+                internal_errors.count("collectives", err)
                 self.errors += 1
                 if self.errors <= 3:
                     self.log.warning("otel_train.collectives_error", error=repr(err))

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from otel_train import internal_errors
 from otel_train.config import ConfigWarning
 from otel_train.recorder import EVENT
 
@@ -224,7 +225,8 @@ class Capture:
                 key = capture._issue(op, api, arg(args, kwargs, group_pos, "group"),
                                      arg(args, kwargs, size_pos, size_param), async_op,
                                      SOURCE_PYTHON)
-            except Exception:
+            except Exception as err:
+                internal_errors.count("collectives", err)
                 capture.errors += 1
             local.busy = True
             try:
@@ -251,7 +253,8 @@ class Capture:
     def _safe(self, fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
-        except Exception:
+        except Exception as err:
+            internal_errors.count("collectives", err)
             self.errors += 1
 
     # --- ProcessGroup hooks (torch 2.14+) --------------------------------------------
@@ -284,7 +287,8 @@ class Capture:
                                   SOURCE_HOOK)
                 if key:
                     hook_keys[(gid, a.op_id)] = key
-            except Exception:
+            except Exception as err:
+                internal_errors.count("collectives", err)
                 self.errors += 1
 
         def post(a: Any) -> None:
@@ -298,7 +302,8 @@ class Capture:
                     self._done(key)
                 else:
                     self._watch(key, a.work)
-            except Exception:
+            except Exception as err:
+                internal_errors.count("collectives", err)
                 self.errors += 1
 
         group.register_pre_hook(_HOOK_ID, _outside_dynamo(pre))

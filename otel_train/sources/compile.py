@@ -31,7 +31,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_train import identity, semconv
+from otel_train import identity, internal_errors, semconv
 from otel_train.config import ConfigWarning
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.recorder import EVENT
@@ -108,8 +108,8 @@ class CompileSource:
                 put((EVENT, SOURCE, (START, compile_id, trigger, now, step, phase,
                                      _counter_copy(counters, "graph_break"),
                                      _counter_copy(counters, "stats"))))
-            except Exception:  # a callback that raises would fail the compilation
-                pass
+            except Exception as err:  # a callback that raises would fail the compilation
+                internal_errors.count("compile", err)
 
         def on_end(*args: Any) -> None:
             try:
@@ -118,8 +118,8 @@ class CompileSource:
                 put((EVENT, SOURCE, (END, compile_id, trigger, now,
                                      _counter_copy(counters, "graph_break"),
                                      _counter_copy(counters, "stats"))))
-            except Exception:
-                pass
+            except Exception as err:
+                internal_errors.count("compile", err)
 
         self._on_start, self._on_end = on_start, on_end
         self._limit_at_start = _recompile_limit()
@@ -257,8 +257,8 @@ class CompileSource:
         if self._handler is not None:
             try:
                 self._register()  # a reset (or explain()) since the last poll cleared them
-            except Exception:
-                pass
+            except Exception as err:
+                internal_errors.count("compile", err)
         for rec in self.reader.read():
             self._on_record(rec)
         if self.reader.possibly_missed:

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from otel_train import semconv
+from otel_train import internal_errors, semconv
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
@@ -160,7 +160,8 @@ class CudaTimingSource:
             end.record()
             self._put((EVENT, RECORD, (tracker.step, tracker.phase, tracker.phase_span_id,
                                        opened[0], end, opened[1], now)))
-        except Exception:
+        except Exception as err:
+            internal_errors.count("cuda_timing", err)
             self.failures += 1
             if self.failures >= 10:  # something is wrong with CUDA here: stop trying
                 self.stop()

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from otel_train import semconv
+from otel_train import internal_errors, semconv
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu_device import training_device
@@ -37,8 +37,8 @@ def _on_oom(device: int, requested: int, device_allocated: int, device_free: int
         return
     try:  # whatever happens here, the allocator's own OutOfMemoryError must propagate
         target.on_oom(device, requested, device_free)
-    except Exception:
-        pass
+    except Exception as err:
+        internal_errors.count("memory", err)
 
 
 def read_stats(device: int) -> tuple[int, int, int, int, int, int]:
@@ -108,8 +108,8 @@ class MemorySource:
             self._put((EVENT, RECORD, (step, *read_stats(self.device))))
             if self.reset_peaks:
                 torch._C._cuda_resetPeakMemoryStats(self.device)
-        except Exception:
-            pass
+        except Exception as err:
+            internal_errors.count("memory", err)
 
     def on_oom(self, device: int, requested: int, device_free: int) -> None:
         """In the allocator's OOM path, on the thread that allocated, before it raises."""

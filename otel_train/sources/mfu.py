@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from otel_train import semconv
+from otel_train import internal_errors, semconv
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu_device import training_device
@@ -122,7 +122,8 @@ class MfuSource:
                 counter = FlopCounterMode(display=False)
                 counter.__enter__()
                 self._counter = counter
-            except Exception:
+            except Exception as err:
+                internal_errors.count("mfu", err)
                 self._unhook()
 
     def _step_hook(self, step: int) -> None:
@@ -136,8 +137,8 @@ class MfuSource:
             counter.__exit__(None, None, None)
             if publish:
                 self._put((EVENT, RECORD, float(counter.get_total_flops())))
-        except Exception:
-            pass
+        except Exception as err:
+            internal_errors.count("mfu", err)
 
     # --- emitter thread --------------------------------------------------------------
     def _on_flops(self, flops: float) -> None:

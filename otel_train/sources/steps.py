@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from otel_train import identity, semconv
+from otel_train import identity, internal_errors, semconv
 from otel_train.recorder import PHASE, STEP, Recorder
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER = semconv.TIMED_PHASES
@@ -159,7 +159,8 @@ class StepTracker:
         if self.fixed_samples is None or self.fixed_tokens is None:
             try:
                 samples, tokens = batch_size(batch)
-            except Exception:  # an exotic batch type: count nothing rather than fail
+            except Exception as err:  # an exotic batch type: count nothing rather than fail
+                internal_errors.count("batch_size", err)
                 return
             self.samples += samples
             self.tokens += tokens

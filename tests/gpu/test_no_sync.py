@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import gpu_training  # noqa: E402
 
 import otel_train  # noqa: E402
+from otel_train import internal_errors  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -32,6 +33,7 @@ def test_instrumented_steps_pass_sync_debug_mode_error(tmp_path):
     model, opt, data = gpu_training.setup()
     gpu_training.train(model, opt, data, 2)
     torch.cuda.synchronize()
+    before = internal_errors.snapshot()
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, **SETTINGS):
         torch.cuda.set_sync_debug_mode("error")
         try:
@@ -39,6 +41,9 @@ def test_instrumented_steps_pass_sync_debug_mode_error(tmp_path):
             time.sleep(0.2)  # the emitter resolves events meanwhile, under the same mode
         finally:
             torch.cuda.set_sync_debug_mode(0)
+    # A sync in a hook raises under "error" mode, and the hook swallows it to protect
+    # training: without this count the test would pass with a sync planted in a hook.
+    assert internal_errors.snapshot() == before, internal_errors.snapshot()
 
 
 def _sync_calls(trace: Path) -> Counter[str]:
