@@ -7,7 +7,7 @@ NCCL's stream): here, without a driver, it must leave kernel launches alone and 
 every operation, CPU-timed and counted as untimed.
 
 This machine has no GPU, so the calls NCCL would make are made here (a stand-in for NCCL, for
-the ABI and the bookkeeping); tests/gpu/test_nccl_plugin.py runs the plugin under real NCCL.
+the ABI and the bookkeeping); tests/gpu/test_nccl_profiler_plugin.py runs the plugin under real NCCL.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD || exit 1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p /tmp/tests
-timeout 120 python3 -m pytest tests/gpu/test_nccl_plugin.py -q -p no:cacheprovider -rA \
+timeout 120 python3 -m pytest tests/gpu/test_nccl_profiler_plugin.py -q -p no:cacheprovider -rA \
   > /tmp/tests/pytest-plugin.txt 2>&1; echo "plugin test rc=$?"; tail -3 /tmp/tests/pytest-plugin.txt
 timeout 150 python3 -m pytest tests/gpu -q -p no:cacheprovider -rA \
-  --ignore=tests/gpu/test_nccl_plugin.py > /tmp/tests/pytest-gpu.txt 2>&1
+  --ignore=tests/gpu/test_nccl_profiler_plugin.py > /tmp/tests/pytest-gpu.txt 2>&1
 echo "gpu tests rc=$?"; tail -3 /tmp/tests/pytest-gpu.txt
 RUNS="a1 b" bash bench/multigpu/plugin_aba.sh | grep -v "^verdict" | tail -12
 mv $FINAL/results.tgz /tmp/tests/aba.tgz

@@ -5,7 +5,7 @@ record, the same count as torch's flight recorder saw, each a span with GPU-cloc
 The launcher names the plugin (``NCCL_PROFILER_PLUGIN=$(otel-train nccl-plugin)``) before the
 process group exists, as docs/collectives.md says; the process group is created eagerly
 (``device_id``), which is what makes that necessary. Run on the GPU machine:
-``pytest tests/gpu/test_nccl_plugin.py``.
+``pytest tests/gpu/test_nccl_profiler_plugin.py``.
 """
 
 from __future__ import annotations
