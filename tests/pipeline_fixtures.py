@@ -169,6 +169,10 @@ class Collector:
         return self.workdir / "collector-output"
 
     @property
+    def queue_dir(self) -> Path:
+        return self.workdir / "queue"
+
+    @property
     def otlp_http(self) -> str:
         return f"http://127.0.0.1:{self.ports['http']}"
 
@@ -190,6 +194,8 @@ class Collector:
             "OTELCOL_TELEMETRY_HOST": "127.0.0.1",
             "OTELCOL_TELEMETRY_PORT": str(self.ports["telemetry"]),
             "OTELCOL_OUTPUT_DIR": str(self.output_dir),
+            # the gateway's persistent sending queues: kept across restart(), like the files
+            "OTELCOL_QUEUE_DIR": str(self.queue_dir),
             # the gateway's listen address and ports (local.yaml takes whole endpoints)
             "OTELCOL_LISTEN_HOST": "127.0.0.1",
             "OTELCOL_OTLP_GRPC_PORT": str(self.ports["grpc"]),

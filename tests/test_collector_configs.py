@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from pipeline_fixtures import (
     COLLECTOR_DIR,
     CONFIGS_DIR,
@@ -95,9 +96,24 @@ def validate(config: Path, env: dict[str, str] | None = None,
                           capture_output=True, text=True, timeout=60, env=full_env)
 
 
+def test_every_shipped_config_is_checked():
+    assert sorted(p.stem for p in CONFIGS_DIR.glob("*.yaml")) == sorted(CONFIGS)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_config_is_valid(name):
     result = validate(CONFIGS_DIR / f"{name}.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_config_is_valid_with_every_variable_set(name, tmp_path):
+    # Every ${env:NAME:-default} set to its own default: the overrides are wired, not only
+    # the defaults (a variable inside a number or a list would break here first).
+    text = (CONFIGS_DIR / f"{name}.yaml").read_text()
+    env = dict(re.findall(r"\$\{env:(\w+):-([^}]*)\}", text))
+    env["OTELCOL_QUEUE_DIR"] = str(tmp_path / "queue")
+    result = validate(CONFIGS_DIR / f"{name}.yaml", env=env)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -113,6 +129,15 @@ def test_validate_rejects_an_unknown_setting(tmp_path):
     assert "check_intervall" in result.stdout + result.stderr
 
 
+def test_validate_checks_the_sending_queue_batch_settings(tmp_path):
+    broken = tmp_path / "gateway.yaml"
+    text = (CONFIGS_DIR / "gateway.yaml").read_text()
+    broken.write_text(text.replace("flush_timeout: 2s", "flush_timeout: 0s", 1))
+    result = validate(broken)
+    assert result.returncode != 0
+    assert "flush_timeout" in result.stdout + result.stderr
+
+
 def test_agent_refuses_to_run_without_its_node_name():
     result = validate(CONFIGS_DIR / "agent.yaml", unset=("K8S_NODE_NAME",))
     assert result.returncode != 0
@@ -122,7 +147,7 @@ def test_agent_refuses_to_run_without_its_node_name():
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_address_and_path_comes_from_the_environment(name):
     text = (CONFIGS_DIR / f"{name}.yaml").read_text()
-    keys = r"(endpoint|path|hostname|port|host)"
+    keys = r"(endpoint|path|hostname|port|host|directory)"
     settings = re.findall(rf"^\s*{keys}:\s*(\S.*)$", text, flags=re.M)
     assert settings
     for key, value in settings:
@@ -132,7 +157,66 @@ def test_every_address_and_path_comes_from_the_environment(name):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_every_pipeline_keeps_health_check(name):
     text = (CONFIGS_DIR / f"{name}.yaml").read_text()
-    assert re.search(r"^\s*extensions: \[health_check\]", text, flags=re.M)
+    assert re.search(r"^\s*extensions: \[health_check[,\]]", text, flags=re.M)
+
+
+# --- batching and queues (v0.161.0 exporterhelper; docs/pipeline.md#batching) -----------------
+
+
+def config(name: str) -> dict:
+    return yaml.safe_load((CONFIGS_DIR / f"{name}.yaml").read_text())
+
+
+def queues(exporter: dict) -> list[dict]:
+    """The exporter's sending queues: its own and, for load_balancing, its OTLP template's."""
+    found = [exporter["sending_queue"]] if "sending_queue" in exporter else []
+    template = exporter.get("protocol", {}).get("otlp", {})
+    return found + ([template["sending_queue"]] if "sending_queue" in template else [])
+
+
+@pytest.mark.parametrize("name", ["agent", "gateway"])
+def test_agent_and_gateway_batch_in_the_exporters_queues_not_in_a_processor(name):
+    cfg = config(name)
+    assert "batch" not in cfg["processors"]
+    for pipeline, spec in cfg["service"]["pipelines"].items():
+        assert spec["processors"][0] == "memory_limiter", pipeline
+        for exporter in spec["exporters"]:
+            if exporter == "prometheus_remote_write":
+                continue  # no sending_queue in v0.161.0, and must not reorder samples
+            batches = [q["batch"] for q in queues(cfg["exporters"][exporter]) if "batch" in q]
+            assert len(batches) == 1, f"{pipeline}: {exporter} batches {len(batches)} times"
+            assert batches[0]["sizer"] == "items"
+            assert 0 < batches[0]["min_size"] <= batches[0]["max_size"]
+
+
+def test_gateway_keeps_tail_sampling_on_traces():
+    assert config("gateway")["service"]["pipelines"]["traces"]["processors"] == [
+        "memory_limiter", "tail_sampling"]
+
+
+def test_gateway_queues_every_queueing_exporter_on_disk():
+    cfg = config("gateway")
+    storages = set()
+    for name, exporter in cfg["exporters"].items():
+        if name == "prometheus_remote_write":
+            assert "sending_queue" not in exporter  # it has none to persist
+            continue
+        storages.add(exporter["sending_queue"]["storage"])
+    (storage,) = storages
+    assert storage.startswith("file_storage/")
+    assert storage in cfg["service"]["extensions"]
+    assert cfg["extensions"][storage]["directory"] == "${env:OTELCOL_QUEUE_DIR:-/var/lib/otelcol/queue}"
+    assert cfg["extensions"][storage]["create_directory"] is True
+
+
+def test_local_and_replay_keep_their_processors():
+    # local.yaml's file and prometheus exporters have no sending_queue in v0.161.0, so the
+    # batch processor stays; replay.yaml neither batches nor queues, by design.
+    assert config("local")["service"]["pipelines"]["traces"]["processors"] == [
+        "memory_limiter", "resource", "batch"]
+    replay = config("replay")
+    assert "processors" not in replay or "batch" not in replay["processors"]
+    assert "sending_queue" not in replay["exporters"]["prometheus_remote_write"]
 
 
 # --- the local pipeline, live --------------------------------------------------------------
@@ -348,3 +432,89 @@ def test_gateway_delivers_logs_over_otlp_http_and_metrics_by_remote_write(tmp_pa
                 assert trace_ids == {TRACE_ID}
     finally:
         prom.kill()
+
+
+# --- the gateway's persistent queue, across a restart -----------------------------------------
+
+
+def send_steps_with_the_sdk(otlp_http: str, steps: int) -> set[tuple[str, str]]:
+    """`steps` traces (a train.step with two children) through the SDK's OTLP/HTTP exporter.
+
+    Returns every span as (trace id, span id), hex as in OTLP JSON."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    provider = TracerProvider(resource=Resource.create({"service.name": "otel-train",
+                                                        "training.run.id": "run-q"}))
+    provider.add_span_processor(SimpleSpanProcessor(
+        OTLPSpanExporter(endpoint=f"{otlp_http}/v1/traces", timeout=5)))
+    tracer = provider.get_tracer("otel_train")
+    sent = set()
+    for step in range(steps):
+        with tracer.start_as_current_span("train.step", attributes={"training.step": step}) as root:
+            spans = [root]
+            for phase in ("train.forward", "train.backward"):
+                with tracer.start_as_current_span(phase) as child:
+                    spans.append(child)
+        sent |= {(f"{s.get_span_context().trace_id:032x}", f"{s.get_span_context().span_id:016x}")
+                 for s in spans}
+    provider.shutdown()
+    return sent
+
+
+def telemetry_total(col: Collector, metric: str, **labels: str) -> float:
+    return sum(value for name, got, value in col.telemetry()
+               if name.startswith(metric) and all(got.get(k) == v for k, v in labels.items()))
+
+
+def test_gateway_queue_survives_a_restart(tmp_path):
+    """Spans the gateway accepted while Tempo was down reach Tempo after a gateway restart.
+
+    The shipped gateway.yaml, unchanged: its Tempo exporter points at a port where nothing
+    listens, so the sampled traces wait in the persistent sending queue (file_storage, in the
+    collector's OTELCOL_QUEUE_DIR). The gateway is stopped with SIGTERM, the "Tempo" (a local
+    collector, whose file exporter records what it receives) starts on that port, and the same
+    gateway starts again on the same queue directory. Nothing is sent after the restart.
+    """
+    tempo = Collector(CONFIGS_DIR / "local.yaml", tmp_path / "tempo")  # its ports, not started
+    closed = free_port()
+    env = {
+        "TEMPO_OTLP_ENDPOINT": tempo.otlp_grpc,
+        "LOKI_OTLP_ENDPOINT": f"http://127.0.0.1:{closed}/otlp",
+        "PROMETHEUS_REMOTE_WRITE_ENDPOINT": f"http://127.0.0.1:{closed}/api/v1/write",
+        "OTELCOL_SAMPLING_PERCENTAGE": "100",
+        "OTELCOL_TAIL_DECISION_WAIT": "1s",
+        "OTELCOL_MEMORY_LIMIT_MIB": "256",
+        "OTELCOL_MEMORY_SPIKE_LIMIT_MIB": "64",
+    }
+    gateway = Collector(CONFIGS_DIR / "gateway.yaml", tmp_path / "gateway", extra_env=env)
+    steps = 5
+    try:
+        gateway.start()
+        sent = send_steps_with_the_sdk(gateway.otlp_http, steps)
+        assert len(sent) == 3 * steps
+        # Tail sampling releases each trace as one request into the Tempo exporter's queue.
+        wait_for("every sampled trace in the Tempo exporter's queue",
+                 lambda: telemetry_total(gateway, "otelcol_exporter_queue_size",
+                                         exporter="otlp_grpc/tempo") >= steps,
+                 30, on_timeout=gateway.log_tail)
+        gateway.stop()
+        assert gateway.process.proc.returncode == 0, "not a graceful stop" + gateway.log_tail()
+        assert list(gateway.queue_dir.iterdir()), "nothing on disk"
+
+        tempo.start()
+        gateway.restart()
+
+        def delivered() -> set[tuple[str, str]] | None:
+            got = {(s["traceId"], s["spanId"])
+                   for s in read_spans(tempo.output_dir / "traces.jsonl")}
+            return got if got >= sent else None
+
+        got = wait_for("the spans queued before the restart, at Tempo", delivered, 60,
+                       on_timeout=gateway.log_tail)
+        assert got == sent
+    finally:
+        gateway.kill()
+        tempo.kill()

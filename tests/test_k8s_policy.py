@@ -202,6 +202,28 @@ def test_memory_limiter_sits_below_the_container_memory_limit(kustomization, wor
 
 
 @pytest.mark.parametrize("kustomization", OBSERVABILITY)
+def test_gateway_queue_directory_is_a_writable_volume_of_the_pod(kustomization):
+    # The root filesystem is read-only: file_storage/queue needs a volume at OTELCOL_QUEUE_DIR.
+    # An emptyDir keeps the queue across container restarts (not pod deletions:
+    # k8s/base/gateway-deployment.yaml says why), bounded so that a full disk cannot evict.
+    objects = render(kustomization)
+    spec = one(objects, "Deployment", "otelcol-gateway")["spec"]["template"]["spec"]
+    container = collector_container(objects, "Deployment/otelcol-gateway")
+    config = yaml.safe_load(render_config_map(objects, "gateway"))
+    directory = env_value(container, "OTELCOL_QUEUE_DIR") or config_default(
+        config["extensions"]["file_storage/queue"]["directory"], "OTELCOL_QUEUE_DIR")
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == directory]
+    assert not mount.get("readOnly", False)
+    volume = {v["name"]: v for v in spec["volumes"]}[mount["name"]]
+    # one file per queue, at most max_size each, and room for one compaction copy
+    files = sum(1 for e in config["exporters"].values()
+                if e.get("sending_queue", {}).get("storage") == "file_storage/queue")
+    file_mib = config["extensions"]["file_storage/queue"]["max_size"] / 2**20
+    assert files >= 2
+    assert mebibytes(volume["emptyDir"]["sizeLimit"]) >= (files + 1) * file_mib
+
+
+@pytest.mark.parametrize("kustomization", OBSERVABILITY)
 @pytest.mark.parametrize("workload", COLLECTORS)
 def test_collector_probes_ask_the_health_check_extension(kustomization, workload):
     objects = render(kustomization)
