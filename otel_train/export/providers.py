@@ -203,11 +203,42 @@ def _otlp_exporters(only: str | None = None) -> tuple[Any, Any, Any]:
             from opentelemetry.exporter.otlp.proto.http import (
                 trace_exporter as traces,
             )
+        kwargs: dict[str, Any] = {}
+        if protocol != "grpc":
+            session = _session_keeping_certificate(signal)
+            if session is not None:
+                kwargs["session"] = session
         exporters.append(
             {"traces": traces.OTLPSpanExporter, "metrics": metrics.OTLPMetricExporter,
-             "logs": logs.OTLPLogExporter}[signal]()
+             "logs": logs.OTLPLogExporter}[signal](**kwargs)
         )
     return exporters[0], exporters[1], exporters[2]
+
+
+def _session_keeping_certificate(signal: str) -> Any:
+    """A requests Session for the OTLP/HTTP exporter of ``signal`` that keeps the configured
+    ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]CERTIFICATE``: the exporter sets it as the session's
+    ``verify``, and requests lets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` override a
+    session's ``verify`` (psf/requests#3829), so TLS to the collector failed wherever those
+    are set (tests/test_readme_claims.py). None (the exporter's own session) without a
+    certificate, or where a credential provider supplies the session."""
+    certificate = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_CERTIFICATE")
+                   or os.environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE"))
+    provider = (os.environ.get(f"OTEL_PYTHON_EXPORTER_OTLP_HTTP_{signal.upper()}_CREDENTIAL_PROVIDER")
+                or os.environ.get("OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER"))
+    if not certificate or provider:
+        return None
+    import requests
+
+    class _Session(requests.Session):
+        def merge_environment_settings(self, url: Any, proxies: Any, stream: Any,
+                                       verify: Any, cert: Any) -> Any:
+            settings = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if verify is None and isinstance(self.verify, str):
+                settings["verify"] = self.verify  # the configured CA, not the environment's
+            return settings
+
+    return _Session()
 
 
 def _file_exporters(run_dir: Path, rank: int) -> tuple[SpanExporter, MetricExporter,
