@@ -382,8 +382,10 @@ def test_rules_load_and_evaluate_on_the_run(pipeline):
 
 
 def _step_seconds(demo: DemoRun, first: int, last: int) -> float:
-    """Seconds rank 0 took from step ``first`` to step ``last``, from its console logs."""
-    stamps = {int(e["step"]): datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00"))
+    """Seconds rank 0 took from step ``first`` to step ``last``, from its console logs. The
+    demo logs its loss after the optimizer step of loop step s, which is counted in (and
+    carries the ids of) step s + 1 (README, Usage): so the line of step s says s + 1."""
+    stamps = {int(e["step"]) - 1: datetime.fromisoformat(e["timestamp"].replace("Z", "+00:00"))
               for e in demo.console_events("demo.loss") if int(e.get("rank", -1)) == 0}
     return (stamps[last] - stamps[first]).total_seconds()
 
