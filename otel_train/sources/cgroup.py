@@ -3,18 +3,31 @@
 A rank whose container hits its CPU quota is throttled by the kernel's CFS bandwidth
 control: its data loading, kernel launches and collectives' host side all stall for the rest
 of the period. The cgroup's ``cpu.stat`` counts it (v2: ``throttled_usec``; v1:
-``throttled_time`` in ns). The emitter reads it at each finished step, off the training
-thread, and reports the increase: a counter, and ``training.cpu.throttled_s`` on the step's
-``train.rank_step`` span. Where no ``cpu.stat`` is readable the source says so once and stays
-off.
+``throttled_time`` in ns).
+
+Per step, exactly: the training thread samples ``cpu.stat`` where the step ends (at the end
+of each optimizer step, the last one winning when several step back to back, or at
+``mark_step``): one ``pread`` of a file descriptor opened at start, a few microseconds, and the
+raw bytes go to the emitter with the step, which parses them and reports the increase since
+the previous step's sample: a counter, and ``training.cpu.throttled_s`` on the step's
+``train.rank_step`` span. (Read when the emitter drained instead, a step was charged with
+throttling that happened in later steps.) The kernel sums throttled time over every CPU
+runqueue the cgroup's threads were queued on, so with several threads it can exceed wall
+time; a step's value is capped at the step's duration (the time during which some of its
+threads could not run, at most all of it), the counter keeps the kernel's sum. Where no
+``cpu.stat`` is readable the source says so once and stays off.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
-from otel_train import semconv
+from otel_train import internal_errors, semconv
+from otel_train.recorder import EVENT
+
+RECORD = "otel_train.cgroup"
 
 _ROOT = Path("/sys/fs/cgroup")
 
@@ -40,7 +53,12 @@ def cpu_stat_path(root: Path = _ROOT, proc_cgroup: Path = Path("/proc/self/cgrou
 
 def throttled_seconds(path: Path) -> float:
     """Total time the cgroup has been throttled, in seconds."""
-    fields = dict(line.split() for line in path.read_text().splitlines() if " " in line)
+    return parse_throttled(path.read_text())
+
+
+def parse_throttled(text: str) -> float:
+    """``cpu.stat``'s throttled time in seconds (v2 ``throttled_usec``, v1 ``throttled_time``)."""
+    fields = dict(line.split()[:2] for line in text.splitlines() if " " in line)
     if "throttled_usec" in fields:
         return int(fields["throttled_usec"]) / 1e6
     return int(fields.get("throttled_time", 0)) / 1e9
@@ -63,16 +81,68 @@ class CgroupSource:
         if ctx.emitter.prometheus is not None:
             ctx.emitter.prometheus.add_cpu_throttled(0.0)
         self.last = throttled_seconds(self.path)
+        self.samples: dict[int, bytes] = {}
+        self.tracker = ctx.tracker
+        self._sample: tuple[int, bytes] | None = None
+        try:
+            self.fd: int | None = os.open(self.path, os.O_RDONLY)
+        except OSError:
+            self.fd = None  # read at drain time, as a fallback
+        if self.fd is not None:
+            self._put = ctx.recorder.put
+            ctx.emitter.on_event(RECORD, self._on_record)
+            self.tracker.phase_hooks = (*self.tracker.phase_hooks, self._phase_hook)
+            self.tracker.step_hooks = (*self.tracker.step_hooks, self._step_hook)
         ctx.emitter.before_step(self._on_step)
 
+    # --- training thread -------------------------------------------------------------
+    def _read(self) -> bytes:
+        assert self.fd is not None
+        return os.pread(self.fd, 4096, 0)
+
+    def _phase_hook(self, begin: bool, now: int) -> None:
+        # an optimizer step just ended: the step may end here (unless another one follows)
+        if not begin and self.tracker.phase == semconv.PHASE_OPTIMIZER:
+            try:
+                self._sample = (self.tracker.step, self._read())
+            except Exception as err:
+                internal_errors.count("cgroup", err)
+
+    def _step_hook(self, step: int) -> None:
+        sample, self._sample = self._sample, None
+        try:
+            raw = sample[1] if sample is not None and sample[0] == step else self._read()
+            self._put((EVENT, RECORD, (step, raw)))
+        except Exception as err:
+            internal_errors.count("cgroup", err)
+
+    # --- emitter thread --------------------------------------------------------------
+    def _on_record(self, payload: tuple[int, bytes]) -> None:
+        step, raw = payload
+        self.samples[step] = raw
+        if len(self.samples) > 4096:  # steps whose record was dropped: never waited for
+            for old in sorted(self.samples)[:2048]:
+                del self.samples[old]
+
     def _on_step(self, info: Any) -> None:
-        now = throttled_seconds(self.path)
+        raw = self.samples.pop(info.step, None)
+        now = parse_throttled(raw.decode()) if raw is not None else throttled_seconds(self.path)
         delta, self.last = max(0.0, now - self.last), now
-        info.extra_attributes[semconv.ATTR_CPU_THROTTLED] = delta
+        duration_s = max(0.0, (info.end_ns - info.start_ns) / 1e9)
+        info.extra_attributes[semconv.ATTR_CPU_THROTTLED] = min(delta, duration_s)
         if delta:
             self.counter.add(delta, self.attrs)
             if self.emitter.prometheus is not None:
                 self.emitter.prometheus.add_cpu_throttled(delta)
 
     def stop(self) -> None:
-        pass
+        tracker = getattr(self, "tracker", None)
+        if tracker is not None:
+            tracker.phase_hooks = tuple(h for h in tracker.phase_hooks if h != self._phase_hook)
+            tracker.step_hooks = tuple(h for h in tracker.step_hooks if h != self._step_hook)
+        fd, self.fd = getattr(self, "fd", None), None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
