@@ -10,9 +10,11 @@ otel-train's names and attributes; per request only the trace ids are swapped in
 
 The collector is collector/_build/otelcol-train, on 127.0.0.1 free ports, with one of two
 pipelines that end in the `debug` exporter at basic verbosity (a sink: one log line per batch):
-  agent:   memory_limiter, resource, batch                  (collector/configs/agent.yaml's work
+  agent:   memory_limiter, resource                         (collector/configs/agent.yaml's work
            without k8s_attributes, which needs an API server)
-  gateway: memory_limiter, tail_sampling (the gateway's four policies), batch
+  gateway: memory_limiter, tail_sampling (the gateway's four policies)
+both batching in the debug exporter's sending queue (1 s, 1024-4096 spans), as the shipped
+configs batch in their exporters' queues (no batch processor since v0.161.0's guidance).
 Each load level runs for a fixed time at a paced rate; sent and accepted spans are both divided
 by the same sending window (the actual one, which a sender that falls behind stretches), and
 their ratio (delivered) must be at least 0.99 at every level (exit 1 otherwise). CPU comes from /proc/<pid>/stat
@@ -95,13 +97,20 @@ processors:
       - name: baseline-share
         type: probabilistic
         probabilistic: {{sampling_percentage: 10}}
-  batch:
-    timeout: 1s
-    send_batch_size: 1024
-    send_batch_max_size: 4096
 exporters:
   debug:
     verbosity: basic
+    # batching in the exporter's sending queue, as collector/configs/agent.yaml and
+    # gateway.yaml do since they dropped the batch processor (docs/pipeline.md)
+    sending_queue:
+      enabled: true
+      sizer: requests
+      queue_size: 5000
+      batch:
+        flush_timeout: 1s
+        sizer: items
+        min_size: 1024
+        max_size: 4096
 service:
   telemetry:
     logs: {{level: warn}}
@@ -118,8 +127,8 @@ service:
       exporters: [debug]
 """
 PIPELINES = {
-    "agent": "[memory_limiter, resource, batch]",
-    "gateway": "[memory_limiter, tail_sampling, batch]",
+    "agent": "[memory_limiter, resource]",
+    "gateway": "[memory_limiter, tail_sampling]",
 }
 
 
