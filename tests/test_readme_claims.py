@@ -12,7 +12,6 @@ import io
 import json
 import logging
 import os
-import socket
 import statistics
 import subprocess
 import threading
@@ -32,6 +31,7 @@ import structlog
 import torch
 import training
 from conftest import require_binary
+from test_reliability_collector import _StallingProxy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -258,34 +258,10 @@ def test_otlp_certificate_still_used_when_a_requests_ca_bundle_is_set(monkeypatc
 # --- exporter and log settings ---------------------------------------------------------------
 
 
-class _ListeningSocket:
-    """A real TCP listener that records every connection made to it."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 @pytest.fixture
-def listener() -> Iterator[_ListeningSocket]:
-    sock = _ListeningSocket()
+def listener() -> Iterator[_StallingProxy]:
+    """A real TCP listener that keeps every connection made to it (none may be)."""
+    sock = _StallingProxy()
     yield sock
     sock.close()
 
@@ -307,7 +283,7 @@ def test_exporter_none_exports_nothing_anywhere(monkeypatch, tmp_path, listener)
     assert steps_tracked == 5  # step 4 ended when the loop asked for one more batch
     assert inst.run_dir is None
     assert not runs.exists() or not any(runs.iterdir())
-    assert listener.accepted == 0
+    assert len(listener.accepted) == 0
     assert not list(tmp_path.rglob("*.jsonl"))
 
 
