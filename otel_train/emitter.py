@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import identity, internal_errors, redact, semconv
 from otel_train.config import Config
+from otel_train.export import step_rows
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.providers import Pipeline
@@ -35,6 +37,16 @@ _SEVERITY = {
     "error": SeverityNumber.ERROR, "exception": SeverityNumber.ERROR,
     "critical": SeverityNumber.FATAL,
 }
+
+
+def _debug_enabled(console: Any) -> bool:
+    """Does otel-train's console logger print debug lines? (Building a filtered line's
+    arguments costs a few microseconds a step for nothing.)"""
+    check = getattr(console, "is_enabled_for", None)
+    try:
+        return bool(check(logging.DEBUG)) if check is not None else True
+    except Exception:
+        return True
 
 
 @dataclasses.dataclass
@@ -138,7 +150,12 @@ class Emitter:
         self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
         self.errors = 0
         self._base_attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
+        self._link_tuples = [(c.trace_id, c.span_id, int(c.trace_flags), c.is_remote)
+                             for c in (link.context for link in self._links())]
+        self._console_debug = console is not None and _debug_enabled(console)
         self._make_instruments()
+        self._step_instruments = (self.step_hist.record, self.phase_hist.record,
+                                  self.samples_ctr.add, self.tokens_ctr.add)
 
     # --- instruments -----------------------------------------------------------------
     def _make_instruments(self) -> None:
@@ -295,8 +312,9 @@ class Emitter:
                    tokens: int) -> None:
         ident = self.ident
         phases = self._phases.pop(step, [])
-        for stale in [k for k in self._phases if k < step]:
-            del self._phases[stale]  # their step record was dropped (buffer full)
+        if self._phases:
+            for stale in [k for k in self._phases if k < step]:
+                del self._phases[stale]  # their step record was dropped (buffer full)
         totals: dict[str, float] = {}
         for _, _, phase, _, p_start, p_end, _ in phases:
             totals[phase] = totals.get(phase, 0.0) + (p_end - p_start) / 1e9
@@ -310,21 +328,36 @@ class Emitter:
                         [(r[2], r[3], r[4], r[5]) for r in phases])
         for listener in self._pre_step_listeners:
             listener(info)
+        # The step's spans, log and points are made where spans are built (the exporter
+        # process by default: export/step_rows.py); here only their plain values.
+        phase_rows = []
         if sampled:
-            self._step_spans(info, phases)
-        self._step_metrics(info, duration_s)
+            overrides, offset = info.phase_overrides, self.offset
+            for _, _, phase, micro, p_start, p_end, span_id in phases:
+                over = overrides.get(span_id)
+                if over is None:
+                    p_start, p_end, added, error = p_start + offset, p_end + offset, None, None
+                else:
+                    p_start = over.get("start_ns", p_start + offset)
+                    p_end = over.get("end_ns", p_end + offset)
+                    added, error = over.get("attributes"), over.get("error")
+                phase_rows.append((phase, micro, p_start, p_end, span_id, added, error))
+                info.phase_spans.append((phase, micro, SpanContext(trace_id, span_id, False,
+                                                                   _SAMPLED), p_start, p_end))
+        self.pipeline.step(step_rows.StepRecord(
+            step, info.start_ns, info.end_ns, micro_batches, samples, tokens, totals, sampled,
+            trace_id, rank_ctx.span_id, phase_rows, info.extra_attributes, self._link_tuples,
+            ident.run_id, ident.rank, ident.world_size), self._step_instruments)
+        if self.prometheus is not None:
+            exemplar = ({"trace_id": f"{trace_id:032x}", "span_id": f"{rank_ctx.span_id:016x}"}
+                        if sampled else None)
+            self.prometheus.observe_step(duration_s, totals, samples, tokens, exemplar)
         for listener in self._step_listeners:
             listener(info)
-        if self.console is not None:
+        if self._console_debug:
             self.console.debug("train.step.end", trace_id=f"{trace_id:032x}",
                                span_id=f"{rank_ctx.span_id:016x}", step=step,
                                phase="step", duration_ms=round(duration_s * 1e3, 3))
-        if sampled:
-            self._otel_log(info.end_ns, "info", "train.step.end", {
-                semconv.LOG_STEP: step, semconv.LOG_PHASE: "step",
-                semconv.LOG_DURATION_MS: duration_s * 1e3,
-                **{f"{p}_ms": s * 1e3 for p, s in totals.items()},
-            }, trace_id, rank_ctx.span_id)
         self.steps_emitted += 1
 
     def _links(self) -> list[Link]:
@@ -342,38 +375,6 @@ class Emitter:
         return self.pipeline.span(name, parent, start_ns, end_ns, attributes, span_id,
                                   trace_id, [link.context for link in links or ()], error,
                                   events or ())
-
-    def _step_spans(self, info: StepInfo, phases: list[tuple[Any, ...]]) -> None:
-        ident = self.ident
-        step_attrs = {semconv.ATTR_STEP: info.step, semconv.ATTR_RUN_ID: ident.run_id,
-                      semconv.ATTR_WORLD_SIZE: ident.world_size}
-        root_id = identity.step_span_id(ident.run_id, info.step)
-        if ident.rank == 0:
-            self.span(semconv.SPAN_STEP, None, info.start_ns, info.end_ns, step_attrs,
-                      span_id=root_id, trace_id=info.trace_id, links=self._links())
-        root_ctx = SpanContext(info.trace_id, root_id, is_remote=True, trace_flags=_SAMPLED)
-        rank_attrs = {
-            **step_attrs,
-            semconv.ATTR_RANK: ident.rank,
-            semconv.ATTR_MICRO_BATCHES: info.micro_batches,
-            semconv.ATTR_STEP_DURATION: (info.end_ns - info.start_ns) / 1e9,
-            semconv.ATTR_SAMPLES: info.samples,
-            semconv.ATTR_TOKENS: info.tokens,
-            **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in info.phase_totals.items()},
-            **info.extra_attributes,
-        }
-        self.span(semconv.SPAN_RANK_STEP, root_ctx, info.start_ns, info.end_ns, rank_attrs,
-                  span_id=info.rank_step_context.span_id, links=self._links())
-        for _, step, phase, micro, p_start, p_end, span_id in phases:
-            over = info.phase_overrides.get(span_id, {})
-            start = over.get("start_ns", self.wall(p_start))
-            end = over.get("end_ns", self.wall(p_end))
-            ctx = self.span(semconv.PHASE_SPAN[phase], info.rank_step_context, start, end, {
-                semconv.ATTR_STEP: step, semconv.ATTR_RANK: ident.rank,
-                semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_PHASE: phase,
-                semconv.ATTR_MICRO_BATCH: micro, **over.get("attributes", {}),
-            }, span_id=span_id, error=over.get("error"))
-            info.phase_spans.append((phase, micro, ctx, start, end))
 
     def collectives(self, spec: Any, rows: list[tuple[int, ...]], duration: Any,
                     size: Any) -> None:
@@ -404,23 +405,6 @@ class Emitter:
         if info.exemplar is None:
             info.exemplar = trace.set_span_in_context(NonRecordingSpan(info.rank_step_context))
         return info.exemplar
-
-    def _step_metrics(self, info: StepInfo, duration_s: float) -> None:
-        ctx = self.exemplar_context(info)
-        attrs = self._base_attrs
-        self.step_hist.record(duration_s, attrs, context=ctx)
-        for phase, seconds in info.phase_totals.items():
-            self.phase_hist.record(seconds, {**attrs, semconv.ATTR_PHASE: phase}, context=ctx)
-        if info.samples:
-            self.samples_ctr.add(info.samples, attrs)
-        if info.tokens:
-            self.tokens_ctr.add(info.tokens, attrs)
-        if self.prometheus is not None:
-            exemplar = ({"trace_id": f"{info.trace_id:032x}",
-                         "span_id": f"{info.rank_step_context.span_id:016x}"}
-                        if info.sampled else None)
-            self.prometheus.observe_step(duration_s, info.phase_totals, info.samples,
-                                         info.tokens, exemplar)
 
     # --- logs and drops --------------------------------------------------------------
     def _emit_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any]) -> None:

@@ -10,6 +10,8 @@ import otlp_files
 import pytest
 import torch
 import training
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import otel_train
 from otel_train import config as config_mod
@@ -216,6 +218,20 @@ def test_clock_offset_is_the_tightest_lower_bound_within_the_upper_bounds():
     assert clock.update(80.0, 300.0) == 100.0  # a looser lower bound changes nothing
     assert clock.update(150.0, 400.0) == 150.0  # the GPU was idle: exact from here
     assert clock.uncertainty_ns == pytest.approx(150.0)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-1000, 1000), st.integers(-1000, 1000)), min_size=1,
+                max_size=40), st.integers(1, 6))
+def test_clock_window_agrees_with_a_scan_of_the_last_bounds(bounds, window):
+    # the monotonic deques must give exactly what a scan of the window gives
+    clock = GpuClock(window=window)
+    for i, (lo, up) in enumerate(bounds):
+        got = clock.update(float(lo), float(up))
+        last = bounds[max(0, i + 1 - window):i + 1]
+        lower, upper = max(b[0] for b in last), min(b[1] for b in last)
+        assert got == (lower if lower <= upper else lo)
+        assert clock.uncertainty_ns == max(upper - lower, 0)
 
 
 def test_clock_follows_drift_once_old_bounds_leave_the_window():

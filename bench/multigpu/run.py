@@ -62,7 +62,7 @@ from otel_train.sources import gpu_trace  # noqa: E402
 MODES = ("normal", "straggler", "straggler_gpu", "profile", "overhead", "hang")
 #: modes run only when named: the exact CPU cost by arm and thread, and a cProfile of the
 #: emitter thread (docs/overhead.md)
-EXTRA_MODES = ("cost", "emitter_profile")
+EXTRA_MODES = ("cost", "emitter_profile", "emitter_parts")
 
 
 def build(cfg: GPTConfig, device: torch.device, compiled: bool) -> tuple[nn.Module, Any]:
@@ -277,7 +277,11 @@ class Trainer:
                 "children_cpu_s": after["children"] - before["children"],
                 "wall_s": after["wall"] - before["wall"],
                 "threads_s": {k: v - before["threads"].get(k, 0.0)
-                              for k, v in inside["threads"].items()}}
+                              for k, v in inside["threads"].items()},
+                "gc_counts": [a - b for a, b in zip(inside["gc"]["counts"],
+                                                    before["gc"]["counts"], strict=True)],
+                "gc_s": {k: v - before["gc"]["seconds"].get(k, 0.0)
+                         for k, v in inside["gc"]["seconds"].items()}}
 
     def cost(self) -> dict[str, Any]:
         short, long_ = self.args.cost_short, self.args.cost_long
@@ -300,9 +304,20 @@ class Trainer:
                     threads.setdefault(name, []).append(
                         (b["threads_s"].get(name, 0.0) - a["threads_s"].get(name, 0.0))
                         / (long_ - short))
+            gc_s: dict[str, list[float]] = {}
+            for a, b in zip(runs[arm][short], runs[arm][long_], strict=True):
+                for name in set(a["gc_s"]) | set(b["gc_s"]):
+                    gc_s.setdefault(name, []).append(
+                        (b["gc_s"].get(name, 0.0) - a["gc_s"].get(name, 0.0)) / (long_ - short))
+            gc_counts = [statistics.median(
+                (b["gc_counts"][g] - a["gc_counts"][g]) / (long_ - short)
+                for a, b in zip(runs[arm][short], runs[arm][long_], strict=True))
+                for g in range(3)]
             per_step[arm] = {"cpu_s": slope("cpu_s"), "children_cpu_s": slope("children_cpu_s"),
                              "wall_s": slope("wall_s"),
-                             "threads_s": {k: statistics.median(v) for k, v in threads.items()}}
+                             "threads_s": {k: statistics.median(v) for k, v in threads.items()},
+                             "gc_s": {k: statistics.median(v) for k, v in gc_s.items()},
+                             "gc_collections": gc_counts}
         counted = [r["nccl_entries"] / n for n in (short, long_) for r in runs["bare"][n]
                    if r.get("nccl_entries")]
         out: dict[str, Any] = {"lengths": [short, long_], "repeats": self.args.cost_repeats,
@@ -351,6 +366,59 @@ class Trainer:
         stats.sort_stats("cumulative").print_stats(45)
         (self.out / f"emitter-profile-rank{self.rank}.txt").write_text(text.getvalue())
         return {"step_s": per_step, "total_tt_s": stats.total_tt}
+
+    def emitter_parts(self) -> dict[str, Any]:
+        """The emitter thread's CPU by part (thread CPU clock, ns): every listener the
+        sources register, the step records, the send to the exporter; one block of
+        ``--cost-long`` steps. Nested parts: ``emit_step`` includes the step listeners and
+        ``pump`` everything."""
+        from otel_train import emitter as emitter_mod
+        from otel_train.export import remote
+
+        parts: dict[str, list[int]] = {}
+
+        def timed(name: str, fn: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                t0 = time.thread_time_ns()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    entry = parts.setdefault(name, [0, 0])
+                    entry[0] += time.thread_time_ns() - t0
+                    entry[1] += 1
+            return wrapper
+
+        def label(kind: str, fn: Any) -> str:
+            return f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
+
+        cls = emitter_mod.Emitter
+        saved = {name: getattr(cls, name) for name in
+                 ("before_step", "on_step", "on_tick", "on_event", "pump", "_emit_step",
+                  "_emit_log")}
+        saved_commit = remote.RemotePipeline.commit
+        cls.before_step = lambda em, fn: saved["before_step"](em, timed(label("before", fn), fn))
+        cls.on_step = lambda em, fn: saved["on_step"](em, timed(label("after", fn), fn))
+        cls.on_tick = lambda em, fn: saved["on_tick"](em, timed(label("tick", fn), fn))
+        cls.on_event = lambda em, src, fn: saved["on_event"](
+            em, src, timed(label(f"event {src}", fn), fn))
+        cls.pump = timed("pump (all)", saved["pump"])
+        cls._emit_step = timed("emit_step (with listeners)", saved["_emit_step"])
+        cls._emit_log = timed("user log", saved["_emit_log"])
+        remote.RemotePipeline.commit = timed("commit (pickle, send)", saved_commit)
+        try:
+            with self.instrument("emitter-parts"):
+                per_step = self.block(0, self.args.cost_long)
+        finally:
+            for name, fn in saved.items():
+                setattr(cls, name, fn)
+            remote.RemotePipeline.commit = saved_commit
+        steps = self.args.cost_long
+        table = {name: {"us_per_step": ns / 1e3 / steps, "calls_per_step": n / steps}
+                 for name, (ns, n) in sorted(parts.items(), key=lambda kv: -kv[1][0])}
+        lines = [f"{v['us_per_step']:9.1f} us/step {v['calls_per_step']:7.2f} calls/step  {k}"
+                 for k, v in table.items()]
+        (self.out / f"emitter-parts-rank{self.rank}.txt").write_text("\n".join(lines) + "\n")
+        return {"step_s": per_step, "parts": table}
 
     def hang(self) -> dict[str, Any]:
         marks: dict[str, float] = {}
@@ -435,20 +503,60 @@ def cpu_snapshot() -> dict[str, Any]:
 
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    names = {t.native_id: t.name for t in threading.enumerate()}
+    names = {t.native_id: t.name for t in threading.enumerate()
+             if not isinstance(t, threading._DummyThread)}  # foreign threads: kernel's name
     tick = os.sysconf("SC_CLK_TCK")
     threads: dict[str, float] = {}
     for task in Path("/proc/self/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
+        try:  # schedstat: on-CPU ns (exact); stat's utime+stime: 10 ms ticks (fallback)
             comm = (task / "comm").read_text().strip()
+            try:
+                seconds = int((task / "schedstat").read_text().split()[0]) / 1e9
+            except (OSError, ValueError, IndexError):
+                stat = (task / "stat").read_text()
+                fields = stat[stat.rindex(")") + 2:].split()
+                seconds = (int(fields[11]) + int(fields[12])) / tick
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()
         name = names.get(int(task.name), comm)
-        threads[name] = threads.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+        threads[name] = threads.get(name, 0.0) + seconds
     return {"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
-            "wall": time.perf_counter(), "threads": threads}
+            "wall": time.perf_counter(), "threads": threads, "gc": GC.snapshot()}
+
+
+class _GcClock:
+    """The interpreter's garbage collections: how many (by generation) and how long each
+    thread spent in the ones it triggered (a thread's CPU includes the collections its
+    allocations happened to trigger, over every thread's objects: per-thread CPU alone
+    would charge them to whoever allocated last)."""
+
+    def __init__(self) -> None:
+        import gc
+        import threading
+
+        self._threading = threading
+        self.counts = [0, 0, 0]
+        self.seconds: dict[str, float] = {}
+        self._started: dict[int, float] = {}
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        ident = self._threading.get_ident()
+        if phase == "start":
+            self._started[ident] = time.thread_time()
+            return
+        began = self._started.pop(ident, None)
+        if began is None:
+            return
+        self.counts[info.get("generation", 0)] += 1
+        name = self._threading.current_thread().name
+        self.seconds[name] = self.seconds.get(name, 0.0) + time.thread_time() - began
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"counts": list(self.counts), "seconds": dict(self.seconds)}
+
+
+GC = _GcClock()
 
 
 def dynamo_state() -> tuple[int, int]:

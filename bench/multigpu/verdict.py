@@ -94,6 +94,14 @@ def rank_figures(doc: dict[str, Any], arm: str, plugin: dict[str, Any] | None = 
                              f"ms per step with the plugin, {1e3 * without:.2f} without: "
                              f"{1e3 * grown:.2f} ms added to the exact figure")
                 ours += grown
+        gc_arm, gc_bare = per[arm].get("gc_collections"), per["bare"].get("gc_collections")
+        if gc_arm is not None and gc_bare is not None:
+            in_ours = sum(v for k, v in per[arm].get("gc_s", {}).items() if k in OUR_THREADS)
+            lines.append(
+                f"garbage collections per step (gen 0/1/2): {[round(g, 2) for g in gc_bare]} "
+                f"bare, {[round(g, 2) for g in gc_arm]} instrumented; of otel-train's thread "
+                f"CPU, {1e3 * in_ours:.3f} ms per step was collections its allocations "
+                "triggered (over every thread's objects; counted in the figure below)")
         figures["share_of_step"] = ours / step_s if step_s else None
         figures["us_per_collective"] = 1e6 * ours / colls if colls else None
         added = [1e3 * (a - b) for a, b in zip(per[arm]["cpu_s"], per["bare"]["cpu_s"])]

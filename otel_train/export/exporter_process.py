@@ -78,6 +78,8 @@ class Exporter:
             _, spec, rows, duration_id, size_id = op
             self.pipeline.collectives(spec, rows, self.instruments[duration_id],
                                       self.instruments[size_id])
+        elif kind == remote.OP_STEP:
+            self.pipeline.step(op[1], [self.instruments[i] for i in op[2:]])
         elif kind == remote.OP_INSTRUMENT:
             self._define(*op[1:])
 

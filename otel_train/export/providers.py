@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -444,6 +445,15 @@ class Pipeline:
         from otel_train.nccl import rows as nccl_rows
 
         nccl_rows.expand(spec, rows, self.span, duration, size)
+
+    def step(self, record: Any, instruments: Sequence[Any]) -> None:
+        """A finished step (export/step_rows.py) as its spans, log and points;
+        ``instruments``: the step-duration, phase-duration, samples and tokens instruments'
+        ``record``/``add``."""
+        from otel_train.export import step_rows
+
+        step_rows.emit(record, self.span, self.emit_log, *instruments,
+                       observed_ns=time.time_ns())
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,

@@ -44,6 +44,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_train import semconv
 from otel_train.config import Config, ConfigWarning
+from otel_train.export import step_rows
 from otel_train.export.providers import choose_exporter
 from otel_train.identity import Identity
 
@@ -53,6 +54,7 @@ OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs
 OP_INSTRUMENT = "I"  # (I, id, kind, name, unit, description, buckets or None)
 OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
 OP_COLLECTIVES = "C"  # (C, step spec, plugin records, duration id, size id): nccl/rows.py
+OP_STEP = "T"  # (T, step_rows.StepRecord, step, phase, samples, tokens instrument ids)
 OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
 # replies of the exporter process (pickled, length-prefixed the same way)
 REPLY_READY = "ready"  # (ready, exporter kind, [warning texts])
@@ -86,6 +88,11 @@ def count_lost(op: tuple[Any, ...], dropped: collections.Counter[str]) -> None:
         dropped[semconv.SIGNAL_METRICS] += 2 * len(op[2])
         if op[1].sampled:
             dropped[semconv.SIGNAL_SPANS] += len(op[2])
+    elif op[0] == OP_STEP:
+        spans, points, logs = step_rows.lost(op[1])
+        dropped[semconv.SIGNAL_SPANS] += spans
+        dropped[semconv.SIGNAL_METRICS] += points
+        dropped[semconv.SIGNAL_LOGS] += logs
 
 
 def ctx_tuple(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
@@ -380,6 +387,11 @@ class RemotePipeline:
         ``duration`` and ``size`` are the ``record``/``add`` of this meter's instruments."""
         self._ops.append((OP_COLLECTIVES, spec, rows, duration.__self__._id,
                           size.__self__._id))
+
+    def step(self, record: step_rows.StepRecord, instruments: Sequence[Any]) -> None:
+        """A finished step, made into its spans, log and points by the exporter;
+        ``instruments`` as for :meth:`Pipeline.step`, of this meter."""
+        self._ops.append((OP_STEP, record, *(i.__self__._id for i in instruments)))
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,

@@ -273,9 +273,19 @@ static pthread_once_t g_cu_once = PTHREAD_ONCE_INIT;
 static int g_mode_events = 1; /* OTEL_TRAIN_NCCL_TIMING: "events" (1) or "kernel" (0) */
 static pthread_once_t g_mode_once = PTHREAD_ONCE_INIT;
 
+/* between poller passes while a launch is pending: OTEL_TRAIN_NCCL_POLL_MS (1-1000, 25).
+ * Each pass costs a wake-up and event queries; a finished kernel's end time does not depend
+ * on when the pass sees it (it is chained on the GPU's clock, see poller()). */
+static int64_t g_poll_ns = 25000000;
+
 static void read_mode(void) {
   const char* m = getenv("OTEL_TRAIN_NCCL_TIMING");
   g_mode_events = !(m != NULL && strcmp(m, "kernel") == 0);
+  const char* p = getenv("OTEL_TRAIN_NCCL_POLL_MS");
+  if (p != NULL) {
+    long ms = strtol(p, NULL, 10);
+    if (ms >= 1 && ms <= 1000) g_poll_ns = (int64_t)ms * 1000000;
+  }
 }
 
 static void cu_load(void) {
@@ -359,7 +369,6 @@ static void op_timed_locked(otp_op* op, otp_launch* l) {
   publish(&op->rec);
 }
 
-#define OTP_POLL_NS 10000000 /* between passes while a launch is pending (10 ms) */
 
 static void* poller(void* arg) {
   (void)arg;
@@ -467,8 +476,8 @@ static void* poller(void* arg) {
     int more = g_pending_head != NULL;
     pthread_mutex_unlock(&g_launch_lock);
     atomic_fetch_add_explicit(&g_polls, 1, memory_order_relaxed);
-    if (more) { /* each pass takes every finished launch: the next in 10 ms */
-      struct timespec ts = {0, OTP_POLL_NS};
+    if (more) { /* each pass takes every finished launch: the next in g_poll_ns */
+      struct timespec ts = {g_poll_ns / 1000000000, g_poll_ns % 1000000000};
       nanosleep(&ts, NULL);
     }
   }

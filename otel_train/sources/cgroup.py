@@ -21,6 +21,7 @@ threads could not run, at most all of it), the counter keeps the kernel's sum. W
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +57,15 @@ def throttled_seconds(path: Path) -> float:
     return parse_throttled(path.read_text())
 
 
+_THROTTLED = re.compile(r"^throttled_(usec|time) (\d+)", re.MULTILINE)
+
+
 def parse_throttled(text: str) -> float:
     """``cpu.stat``'s throttled time in seconds (v2 ``throttled_usec``, v1 ``throttled_time``)."""
-    fields = dict(line.split()[:2] for line in text.splitlines() if " " in line)
-    if "throttled_usec" in fields:
-        return int(fields["throttled_usec"]) / 1e6
-    return int(fields.get("throttled_time", 0)) / 1e9
+    found = dict(_THROTTLED.findall(text))
+    if "usec" in found:
+        return int(found["usec"]) / 1e6
+    return int(found.get("time", 0)) / 1e9
 
 
 class CgroupSource:

@@ -138,6 +138,7 @@ class CompileSource:
                        f"{', '.join(missing)}: those compile attributes are left out")
         ctx.emitter.on_event(SOURCE, self._handle)
         ctx.emitter.before_step(self._before_step)
+        ctx.emitter.on_tick(self._poll)
 
     def _register(self) -> None:
         with self._lock:  # never re-register after stop() removed them
@@ -324,7 +325,10 @@ class CompileSource:
     def _before_step(self, info: Any) -> None:
         self._steps.append((info.step, info.start_ns, info.end_ns, info.rank_step_context))
         self._steps_done = info.step + 1
-        self._poll()
+        if self._pending or self._handler is None:
+            # a compilation ended (its record pairs now), or no callbacks place them: read
+            # torch's records for this step; otherwise once per drain (on_tick) is enough
+            self._poll()
         total = 0.0
         keep = []
         for comp in self._pending:

@@ -74,7 +74,12 @@ class GpuClock:
     def __init__(self, window: int = CLOCK_WINDOW) -> None:
         self.ref: Any = None  # a completed event whose GPU time is known
         self.ref_ns = 0.0
-        self._bounds: collections.deque[tuple[float, float]] = collections.deque(maxlen=window)
+        self.window = window
+        self._n = 0  # bounds taken so far
+        # the window's largest lower bound and smallest upper bound, kept as monotonic
+        # deques of (index, bound): O(1) a step, where a scan of the window cost ~70 us
+        self._lowers: collections.deque[tuple[int, float]] = collections.deque()
+        self._uppers: collections.deque[tuple[int, float]] = collections.deque()
         self.offset_ns: float | None = None
         self.uncertainty_ns = 0.0
 
@@ -88,10 +93,23 @@ class GpuClock:
         return gpu_ns
 
     def update(self, lower_ns: float, upper_ns: float) -> float:
-        """Take one step's bounds on (wall - gpu); return the offset estimate."""
-        self._bounds.append((lower_ns, upper_ns))
-        lower = max(b[0] for b in self._bounds)
-        upper = min(b[1] for b in self._bounds)
+        """Take one step's bounds on (wall - gpu); return the offset estimate over the last
+        ``window`` steps' bounds."""
+        i = self._n
+        self._n += 1
+        lowers, uppers = self._lowers, self._uppers
+        while lowers and lowers[-1][1] <= lower_ns:
+            lowers.pop()
+        lowers.append((i, lower_ns))
+        while uppers and uppers[-1][1] >= upper_ns:
+            uppers.pop()
+        uppers.append((i, upper_ns))
+        oldest = i - self.window
+        while lowers[0][0] <= oldest:
+            lowers.popleft()
+        while uppers[0][0] <= oldest:
+            uppers.popleft()
+        lower, upper = lowers[0][1], uppers[0][1]
         # bounds from far apart in time can cross by clock drift: the latest step wins then
         self.offset_ns = lower if lower <= upper else lower_ns
         self.uncertainty_ns = max(upper - lower, 0.0)
