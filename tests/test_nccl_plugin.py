@@ -239,7 +239,7 @@ def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
     writes them: duration from the GPU stamps, nccl-tests bytes, parent by issue time."""
     spans, durations, sizes = [], [], []
 
-    def span(name, parent, start, end, attrs, span_id=0, events=()):
+    def span(name, parent, start, end, attrs, span_id=0, error=None, events=()):
         spans.append((name, parent, start, end, attrs))
 
     spec = nccl_rows.StepSpec(

@@ -36,7 +36,7 @@ R=/tmp/mg; rm -rf $R; mkdir -p $R
 timeout ${RUN_TIMEOUT:-480} torchrun --standalone --nproc-per-node $NGPU bench/multigpu/run.py \
   --out $R ${RUN_ARGS:---modes cost,emitter_profile,normal,overhead} 2>&1 | grep -v '^{' \
   | tee $OUT/run.log | grep -v '^\[rank' | cut -c1-400 | tail -40
-cp $R/result-rank*.json $R/emitter-profile-rank*.txt $OUT/ 2>/dev/null
+cp $R/result-rank*.json $R/emitter-profile-rank*.txt $R/emitter-parts-rank*.txt $OUT/ 2>/dev/null
 [ -f $OUT/plugin-cost.json ] && cp $OUT/plugin-cost.json $R/
 [ -d $R/normal ] && python3 bench/multigpu/check.py $R > $OUT/check.json 2>&1
 python3 bench/multigpu/verdict.py $R --out $OUT/verdict.md | tail -6

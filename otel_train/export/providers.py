@@ -438,10 +438,17 @@ class Pipeline:
             processor.on_end(readable)
         return ctx
 
-    def collectives(self, spec: Any, rows: Sequence[tuple[int, ...]],
+    def collectives(self, spec: Any, rows: Sequence[tuple[Any, ...]],
                     duration: Any, size: Any) -> None:
-        """A step's NCCL plugin records (otel_train/nccl/rows.py) as spans and points:
-        ``duration`` and ``size`` record into the duration histogram and size counter."""
+        """A step's collectives as spans and points: rows of every source
+        (export/collective_rows.py) or the NCCL plugin's records (nccl/rows.py), by the type
+        of ``spec``; ``duration`` and ``size`` record into the duration histogram and size
+        counter."""
+        from otel_train.export import collective_rows
+
+        if isinstance(spec, collective_rows.Spec):
+            collective_rows.expand(spec, rows, self.span, duration, size)
+            return
         from otel_train.nccl import rows as nccl_rows
 
         nccl_rows.expand(spec, rows, self.span, duration, size)

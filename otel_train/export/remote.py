@@ -44,7 +44,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_train import semconv
 from otel_train.config import Config, ConfigWarning
-from otel_train.export import step_rows
+from otel_train.export import collective_rows, step_rows
 from otel_train.export.providers import choose_exporter
 from otel_train.identity import Identity
 
@@ -53,7 +53,8 @@ OP_SPAN = "S"  # (S, name, parent, start, end, attrs, span_id, trace_id, links, 
 OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs)
 OP_INSTRUMENT = "I"  # (I, id, kind, name, unit, description, buckets or None)
 OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
-OP_COLLECTIVES = "C"  # (C, step spec, plugin records, duration id, size id): nccl/rows.py
+OP_COLLECTIVES = "C"  # (C, step spec, rows, duration id, size id): collective_rows.py, or
+#                       the NCCL plugin's records with nccl/rows.py's spec
 OP_STEP = "T"  # (T, step_rows.StepRecord, step, phase, samples, tokens instrument ids)
 OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
 # replies of the exporter process (pickled, length-prefixed the same way)
@@ -84,10 +85,15 @@ def count_lost(op: tuple[Any, ...], dropped: collections.Counter[str]) -> None:
     signal = _SIGNAL_OF_OP.get(op[0])
     if signal is not None:
         dropped[signal] += 1
-    elif op[0] == OP_COLLECTIVES:  # two points each, and a span each in a sampled step
-        dropped[semconv.SIGNAL_METRICS] += 2 * len(op[2])
-        if op[1].sampled:
-            dropped[semconv.SIGNAL_SPANS] += len(op[2])
+    elif op[0] == OP_COLLECTIVES:  # what the expansion would have made, exactly
+        if isinstance(op[1], collective_rows.Spec):
+            spans, points = collective_rows.lost(op[1], op[2])
+        else:
+            from otel_train.nccl import rows as nccl_rows
+
+            spans, points = nccl_rows.lost(op[1], op[2])
+        dropped[semconv.SIGNAL_SPANS] += spans
+        dropped[semconv.SIGNAL_METRICS] += points
     elif op[0] == OP_STEP:
         spans, points, logs = step_rows.lost(op[1])
         dropped[semconv.SIGNAL_SPANS] += spans

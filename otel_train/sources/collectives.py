@@ -23,7 +23,9 @@ import torch
 from otel_train import collectives_math as cmath
 from otel_train import internal_errors, nccl, semconv
 from otel_train.config import ConfigWarning
+from otel_train.export import collective_rows
 from otel_train.export.buckets import SECONDS_BUCKETS
+from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
 from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.recorder import EVENT
@@ -40,10 +42,6 @@ from otel_train.sources.collectives_nccl import FlightRecorder, buffer_size, rea
 from otel_train.sources.stall import StallWatch
 
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
-#: summary mode: a collective this much slower than its group's median (and over
-#: ``_SLOW_MIN_S``) keeps its own span beside the group's summary
-_SLOW_FACTOR = 4.0
-_SLOW_MIN_S = 0.005
 #: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
 ENV_PG_HOOKS = "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"
 _MIN_TORCH = (2, 6)
@@ -172,7 +170,6 @@ class Ledger:
         self.rank = ctx.identity.rank
         self.run_id = ctx.identity.run_id
         self.base = {semconv.ATTR_RANK: self.rank, semconv.ATTR_RUN_ID: self.run_id}
-        self._attr_cache: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
         self.pending: dict[int, Collective] = {}
         self.finished: list[Collective] = []
         self._for_spans: dict[int, list[Collective]] = {}
@@ -287,10 +284,7 @@ class Ledger:
         if coll.owner is None:
             self.finished.append(coll)
             return
-        info = coll.owner  # its step is out already: emit it on its own
-        self._metrics(coll, info)
-        if info.sampled:
-            self._span(coll, info)
+        self._send([coll], coll.owner)  # its step is out already: on its own
 
     def tick(self) -> None:
         now = time.perf_counter_ns()
@@ -510,8 +504,6 @@ class Ledger:
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:
             self.overlap.set(1.0 - exposed / total, self.base)
-        for coll in mine:
-            self._metrics(coll, info)
         self._for_spans[info.step] = mine
 
     def _plugin_before_step(self, info: Any) -> None:
@@ -553,138 +545,42 @@ class Ledger:
         if self._rows_for_steps:
             self._plugin_on_step(info)
         colls = self._for_spans.pop(info.step, [])
-        if not info.sampled:
-            return
-        if self.summary:
-            self._summaries(colls, info)
-            return
-        for coll in colls:
-            self._span(coll, info)
-
-    def _summaries(self, colls: list[Collective], info: Any) -> None:
-        """One span per (parent phase, op, group, backend, source) of the step's collectives;
-        the stalled, failed, unfinished and slow ones keep their own spans as well."""
-        groups: dict[tuple[Any, ...], list[Collective]] = {}
-        for coll in colls:
-            key = (self._parent(coll, info).span_id, coll.op, coll.group, coll.backend,
-                   coll.source)
-            groups.setdefault(key, []).append(coll)
-        for members in groups.values():
-            seconds = sorted(c.seconds() for c in members)
-            slow = max(_SLOW_MIN_S, _SLOW_FACTOR * seconds[len(seconds) // 2])
-            rest = []
-            for coll in members:
-                if coll.stalled_at or coll.error or coll.done is None or coll.seconds() > slow:
-                    self._span(coll, info)  # on its own: what someone will want to open
-                else:
-                    rest.append(coll)
-            if len(rest) == 1:
-                self._span(rest[0], info)
-            elif rest:
-                self._summary_span(rest, self._parent(rest[0], info), info)
-
-    def _summary_span(self, members: list[Collective], parent: Any, info: Any) -> None:
-        first = min(members, key=lambda c: c.issue)
-        done = [c.done for c in members if c.done is not None]
-        end = max(done) if done else first.issue
-        nbytes = sum(c.nbytes for c in members)
-        wall_s = sum(max(0, (c.done or c.issue) - c.issue) for c in members) / 1e9
-        gpu = [c.gpu_duration_s for c in members if c.gpu_duration_s is not None]
-        dtypes = {c.dtype for c in members}
-        attrs: dict[str, Any] = {
-            **self.base, semconv.ATTR_STEP: info.step,
-            semconv.ATTR_COLLECTIVE_OP: first.op, semconv.ATTR_COLLECTIVE_BACKEND: first.backend,
-            semconv.ATTR_COLLECTIVE_BYTES: nbytes,
-            semconv.ATTR_COLLECTIVE_GROUP_SIZE: first.group_size,
-            semconv.ATTR_COLLECTIVE_SEQ: min(c.seq for c in members),
-            semconv.ATTR_COLLECTIVE_SEQ_LAST: max(c.seq for c in members),
-            semconv.ATTR_COLLECTIVE_DTYPE: first.dtype if len(dtypes) == 1 else "mixed",
-            semconv.ATTR_COLLECTIVE_GROUP: first.group, semconv.ATTR_COLLECTIVE_API: first.api,
-            semconv.ATTR_COLLECTIVE_ASYNC: any(c.async_op for c in members),
-            semconv.ATTR_COLLECTIVE_SOURCE: first.source,
-            semconv.ATTR_COLLECTIVE_COUNT: len(members),
-            semconv.ATTR_COLLECTIVE_TOTAL_S: wall_s,
-        }
-        busy_s = sum(c.seconds() for c in members)
-        bus = cmath.bus_bandwidth_gbps(first.op, nbytes, busy_s, first.group_size)
-        if bus is not None:
-            attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
-        if gpu:
-            attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = sum(gpu)
-        self.emitter.span(semconv.SPAN_COLLECTIVE, parent, first.issue + self.offset,
-                          end + self.offset, attrs)
+        if colls:
+            self._send(colls, info)
 
     # --- output ----------------------------------------------------------------------
-    def _metric_attrs(self, op: str, backend: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The attribute sets of the duration and size points, made once per (op, backend):
-        every collective records both, and the SDK never changes what it is given."""
-        key = (op, backend)
-        attrs = self._attr_cache.get(key)
-        if attrs is None:
-            bounded = op if op in semconv.COLLECTIVE_OPS else "other"
-            attrs = self._attr_cache[key] = (
-                {**self.base, semconv.ATTR_COLLECTIVE_OP: bounded,
-                 semconv.ATTR_COLLECTIVE_BACKEND: backend},
-                {**self.base, semconv.ATTR_COLLECTIVE_OP: bounded})
-        return attrs
+    def _send(self, colls: list[Collective], info: Any, end_perf: int | None = None,
+              points: bool = True) -> None:
+        """The collectives of a step as rows: their spans and points are made where spans
+        are built (export/collective_rows.py), the exporter process by default."""
+        spec = RowSpec(info.step, info.sampled, self.summary, ctx_tuple(info.rank_step_context),
+                       [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
+                       self.base, points)
+        self.emitter.collectives(spec, [self._row(c, end_perf) for c in colls],
+                                 self.duration.record, self.size.add)
 
-    def _metrics(self, coll: Collective, info: Any | None) -> None:
-        ctx = self.emitter.exemplar_context(info) if info is not None else None
-        duration_attrs, size_attrs = self._metric_attrs(coll.op, coll.backend)
-        self.duration.record(coll.seconds(), duration_attrs, context=ctx)
-        if coll.nbytes:
-            self.size.add(coll.nbytes, size_attrs)
-
-    def _parent(self, coll: Collective, info: Any) -> Any:
-        issued = coll.issue + self.offset
-        for _, _, ctx, start, end in info.phase_spans:
-            if start <= issued < end:
-                return ctx
-        return info.rank_step_context
-
-    def _span(self, coll: Collective, info: Any, end_perf: int | None = None) -> None:
+    def _row(self, coll: Collective, end_perf: int | None) -> collective_rows.Row:
+        off = self.offset
+        done = coll.done is not None
         end = coll.done if coll.done is not None else (end_perf or coll.issue)
-        attrs: dict[str, Any] = {
-            **self.base, semconv.ATTR_STEP: info.step,
-            semconv.ATTR_COLLECTIVE_OP: coll.op, semconv.ATTR_COLLECTIVE_BACKEND: coll.backend,
-            semconv.ATTR_COLLECTIVE_BYTES: coll.nbytes,
-            semconv.ATTR_COLLECTIVE_GROUP_SIZE: coll.group_size,
-            semconv.ATTR_COLLECTIVE_SEQ: coll.seq, semconv.ATTR_COLLECTIVE_DTYPE: coll.dtype,
-            semconv.ATTR_COLLECTIVE_GROUP: coll.group, semconv.ATTR_COLLECTIVE_API: coll.api,
-            semconv.ATTR_COLLECTIVE_ASYNC: coll.async_op,
-            semconv.ATTR_COLLECTIVE_SHAPE: list(coll.shape),
-            semconv.ATTR_COLLECTIVE_SOURCE: coll.source,
-        }
-        bus = cmath.bus_bandwidth_gbps(coll.op, coll.nbytes, coll.seconds(), coll.group_size)
-        if bus is not None and coll.done is not None:
-            attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
-        if coll.gpu_duration_s is not None:
-            attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = coll.gpu_duration_s
-        events = []
-        if coll.stalled_at:
-            attrs[semconv.ATTR_COLLECTIVE_STALLED] = True
-            events.append((semconv.EVENT_COLLECTIVE_STALLED, coll.stalled_at + self.offset, {
-                semconv.ATTR_COLLECTIVE_OP: coll.op, semconv.ATTR_COLLECTIVE_SEQ: coll.seq,
-                semconv.ATTR_COLLECTIVE_GROUP: coll.group,
-                semconv.ATTR_COLLECTIVE_BYTES: coll.nbytes,
-                "timeout_s": self.stall.timeout_ns / 1e9}))
-        error = coll.error
-        if coll.done is None:
-            attrs[semconv.ATTR_COLLECTIVE_COMPLETED] = False
-            error = error or "the collective had not completed when instrumentation ended"
-        self.emitter.span(semconv.SPAN_COLLECTIVE, self._parent(coll, info),
-                          coll.issue + self.offset, end + self.offset, attrs,
-                          span_id=coll.span_id, error=error, events=events)
+        stalled = ((coll.stalled_at + off, self.stall.timeout_ns / 1e9) if coll.stalled_at
+                   else None)
+        return (coll.op, coll.api, coll.backend, coll.group, coll.group_size, coll.nbytes,
+                coll.dtype, tuple(coll.shape), coll.async_op, coll.issue + off, end + off, done,
+                coll.seq, coll.source, coll.gpu_duration_s, stalled, coll.error, coll.span_id)
 
     def _flush(self, end_perf: int) -> None:
         """Instrumentation ends: what never completed becomes an unfinished span; what ran
         after the last step counts in the metrics only."""
-        for coll in list(self.pending.values()):
+        for coll in list(self.pending.values()):  # never finished: a span, no points
             if coll.owner is not None and coll.owner.sampled:
-                self._span(coll, coll.owner, end_perf)
+                self._send([coll], coll.owner, end_perf, points=False)
         self.pending.clear()
-        for coll in self.finished:
-            self._metrics(coll, None)
+        if self.finished:  # after the last step: points, no spans
+            spec = RowSpec(self.emitter.steps_emitted, False, self.summary, (0, 0, 0, False),
+                           [], self.base)
+            self.emitter.collectives(spec, [self._row(c, None) for c in self.finished],
+                                     self.duration.record, self.size.add)
         self.finished = []
         if self._rows:  # NCCL operations after the last step: points, no spans
             rows, self._rows = self._rows, []

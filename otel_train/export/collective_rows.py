@@ -1,0 +1,208 @@
+"""A step's collectives made into ``train.collective`` spans and duration and size points.
+
+This runs where spans are built: in the exporter process, which receives a step's collectives
+as plain tuples (:data:`Row`) with the step's context (:class:`Spec`), or on the emitter
+thread when export runs in process. The training process's emitter pays for the tuples, not
+for each collective's attribute dict, span and points (~25 us a collective on the emitter
+before, docs/overhead.md). Every source of collectives ends here: the gloo wrappers and
+process-group hooks and NCCL's flight recorder (``sources/collectives.py``) and otel-train's
+NCCL profiler plugin (``nccl/rows.py`` turns its records into rows). No torch here.
+
+Policy (docs/collectives.md): every collective records its duration and size; in a sampled
+step each is its own span under the phase that issued it, or, in summary mode, one span per
+(phase, op, group, backend, source) while the stalled, failed, unfinished and slow ones (over
+``SLOW_FACTOR`` x their group's median and ``SLOW_MIN_S``) keep their own spans.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_train import collectives_math as cmath
+from otel_train import semconv
+
+SLOW_FACTOR = 4.0
+SLOW_MIN_S = 0.005
+
+CtxTuple = tuple[int, int, int, bool]  # (trace_id, span_id, flags, is_remote)
+
+#: One collective: (op, api, backend, group, group size, bytes, dtype, shape or None,
+#: async, issued (wall ns), ended (wall ns: done, or where it was last seen unfinished),
+#: done, seq, source, GPU seconds or None, stalled (at wall ns, stall timeout s) or None,
+#: error or None, preset span id or 0)
+Row = tuple[str, str, str, str, int, int, str, "tuple[int, ...] | None", bool, int, int, bool,
+            int, str, "float | None", "tuple[int, float] | None", "str | None", int]
+
+
+class Spec(NamedTuple):
+    """What the expansion needs of the step the collectives belong to; plain values."""
+
+    step: int
+    sampled: bool
+    summary: bool
+    #: the rank-step span: parent of what no phase issued, and the points' exemplar
+    rank_step: CtxTuple
+    #: phase spans (context, start, end), wall-clock ns: a collective's parent is the phase
+    #: it was issued in
+    phases: list[tuple[CtxTuple, int, int]]
+    base: dict[str, Any]  # rank, run id
+    #: record the duration and size points (False: spans only, for collectives that never
+    #: finished, whose points are not known)
+    points: bool = True
+
+
+def _ctx(t: CtxTuple) -> SpanContext:
+    return SpanContext(t[0], t[1], t[3], TraceFlags(t[2]))
+
+
+def seconds(row: Row) -> float:
+    """GPU time where measured, else host time from issue to done (0 if never done)."""
+    if row[14] is not None:
+        return row[14]
+    return max(0, row[10] - row[9]) / 1e9 if row[11] else 0.0
+
+
+def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
+           duration: Callable[..., Any], size: Callable[..., Any]) -> int:
+    """Record every row's duration and size and, in a sampled step, its span or its share of
+    a summary span, with a Pipeline's ``span`` and the duration histogram's ``record`` and
+    the size counter's ``add``; returns how many rows."""
+    exemplar = (trace.set_span_in_context(NonRecordingSpan(_ctx(spec.rank_step)))
+                if spec.sampled else None)
+    attrs_of: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+    for row in rows if spec.points else ():
+        op, backend = row[0], row[2]
+        attrs = attrs_of.get((op, backend))
+        if attrs is None:
+            bounded = op if op in semconv.COLLECTIVE_OPS else "other"
+            attrs = attrs_of[(op, backend)] = (
+                {**spec.base, semconv.ATTR_COLLECTIVE_OP: bounded,
+                 semconv.ATTR_COLLECTIVE_BACKEND: backend},
+                {**spec.base, semconv.ATTR_COLLECTIVE_OP: bounded})
+        if exemplar is None:
+            duration(seconds(row), attrs[0])
+        else:
+            duration(seconds(row), attrs[0], context=exemplar)
+        if row[5]:
+            size(row[5], attrs[1])
+    if not spec.sampled or not rows:
+        return len(rows)
+    rank_step = _ctx(spec.rank_step)
+    phases = [(_ctx(c), start, end) for c, start, end in spec.phases]
+    parented = []
+    for row in rows:
+        parent = rank_step
+        for ctx, start, end in phases:
+            if start <= row[9] < end:
+                parent = ctx
+                break
+        parented.append((row, parent))
+    if spec.summary:
+        _summaries(spec, parented, span)
+    else:
+        for row, parent in parented:
+            _span(spec, row, parent, span)
+    return len(rows)
+
+
+def lost(spec: Spec, rows: Sequence[Row]) -> tuple[int, int]:
+    """(spans, metric points) the rows would have made: counted when they are lost."""
+    made = [0, 0]
+
+    def one_span(*args: Any, **kwargs: Any) -> None:
+        made[0] += 1
+
+    def one_point(*args: Any, **kwargs: Any) -> None:
+        made[1] += 1
+
+    expand(spec, rows, one_span, one_point, one_point)
+    return made[0], made[1]
+
+
+def _span(spec: Spec, row: Row, parent: SpanContext, span: Callable[..., Any]) -> None:
+    (op, api, backend, group, group_size, nbytes, dtype, shape, async_op, issue, end, done,
+     seq, source, gpu_s, stalled, error, span_id) = row
+    attrs: dict[str, Any] = {
+        **spec.base, semconv.ATTR_STEP: spec.step,
+        semconv.ATTR_COLLECTIVE_OP: op, semconv.ATTR_COLLECTIVE_BACKEND: backend,
+        semconv.ATTR_COLLECTIVE_BYTES: nbytes,
+        semconv.ATTR_COLLECTIVE_GROUP_SIZE: group_size,
+        semconv.ATTR_COLLECTIVE_SEQ: seq, semconv.ATTR_COLLECTIVE_DTYPE: dtype,
+        semconv.ATTR_COLLECTIVE_GROUP: group, semconv.ATTR_COLLECTIVE_API: api,
+        semconv.ATTR_COLLECTIVE_ASYNC: async_op,
+    }
+    if shape is not None:
+        attrs[semconv.ATTR_COLLECTIVE_SHAPE] = list(shape)
+    attrs[semconv.ATTR_COLLECTIVE_SOURCE] = source
+    bus = cmath.bus_bandwidth_gbps(op, nbytes, seconds(row), group_size)
+    if bus is not None and done:
+        attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
+    if gpu_s is not None:
+        attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = gpu_s
+    events = []
+    if stalled is not None:
+        stalled_at, timeout_s = stalled
+        attrs[semconv.ATTR_COLLECTIVE_STALLED] = True
+        events.append((semconv.EVENT_COLLECTIVE_STALLED, stalled_at, {
+            semconv.ATTR_COLLECTIVE_OP: op, semconv.ATTR_COLLECTIVE_SEQ: seq,
+            semconv.ATTR_COLLECTIVE_GROUP: group, semconv.ATTR_COLLECTIVE_BYTES: nbytes,
+            "timeout_s": timeout_s}))
+    if not done:
+        attrs[semconv.ATTR_COLLECTIVE_COMPLETED] = False
+        error = error or "the collective had not completed when instrumentation ended"
+    span(semconv.SPAN_COLLECTIVE, parent, issue, end, attrs, span_id=span_id, error=error,
+         events=events)
+
+
+def _summaries(spec: Spec, parented: list[tuple[Row, SpanContext]],
+               span: Callable[..., Any]) -> None:
+    groups: dict[tuple[Any, ...], list[tuple[Row, SpanContext]]] = {}
+    for row, parent in parented:
+        key = (parent.span_id, row[0], row[3], row[2], row[13])
+        groups.setdefault(key, []).append((row, parent))
+    for members in groups.values():
+        times = sorted(seconds(r) for r, _ in members)
+        slow = max(SLOW_MIN_S, SLOW_FACTOR * times[len(times) // 2])
+        rest = []
+        for row, parent in members:
+            if row[15] is not None or row[16] or not row[11] or seconds(row) > slow:
+                _span(spec, row, parent, span)  # on its own: what someone will want to open
+            else:
+                rest.append((row, parent))
+        if len(rest) == 1:
+            _span(spec, rest[0][0], rest[0][1], span)
+        elif rest:
+            _summary_span(spec, rest, span)
+
+
+def _summary_span(spec: Spec, members: list[tuple[Row, SpanContext]],
+                  span: Callable[..., Any]) -> None:
+    rows = [r for r, _ in members]
+    first, parent = min(members, key=lambda m: m[0][9])
+    nbytes = sum(r[5] for r in rows)
+    gpu = [r[14] for r in rows if r[14] is not None]
+    dtypes = {r[6] for r in rows}
+    seqs = [r[12] for r in rows]
+    attrs: dict[str, Any] = {
+        **spec.base, semconv.ATTR_STEP: spec.step,
+        semconv.ATTR_COLLECTIVE_OP: first[0], semconv.ATTR_COLLECTIVE_BACKEND: first[2],
+        semconv.ATTR_COLLECTIVE_BYTES: nbytes,
+        semconv.ATTR_COLLECTIVE_GROUP_SIZE: first[4],
+        semconv.ATTR_COLLECTIVE_SEQ: min(seqs), semconv.ATTR_COLLECTIVE_SEQ_LAST: max(seqs),
+        semconv.ATTR_COLLECTIVE_DTYPE: first[6] if len(dtypes) == 1 else "mixed",
+        semconv.ATTR_COLLECTIVE_GROUP: first[3], semconv.ATTR_COLLECTIVE_API: first[1],
+        semconv.ATTR_COLLECTIVE_ASYNC: any(r[8] for r in rows),
+        semconv.ATTR_COLLECTIVE_SOURCE: first[13],
+        semconv.ATTR_COLLECTIVE_COUNT: len(rows),
+        semconv.ATTR_COLLECTIVE_TOTAL_S: sum(max(0, r[10] - r[9]) for r in rows) / 1e9,
+    }
+    bus = cmath.bus_bandwidth_gbps(first[0], nbytes, sum(seconds(r) for r in rows), first[4])
+    if bus is not None:
+        attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
+    if gpu:
+        attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = sum(gpu)
+    span(semconv.SPAN_COLLECTIVE, parent, first[9], max(r[10] for r in rows), attrs)

@@ -1,0 +1,83 @@
+"""Collectives as rows, made into spans and points where spans are built
+(export/collective_rows.py): the span policy, and loss counts that match what would be made."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from otel_train import semconv
+from otel_train.export import collective_rows, remote
+
+FWD = (1, 10, 1, False)
+
+
+def _row(seq: int, issue: int, end: int, done: bool = True, gpu: float | None = None,
+         stalled=None, error=None, nbytes: int = 64, op: str = "all_reduce"):
+    return (op, "dist.all_reduce", "gloo", "0", 2, nbytes, "float32", (16,), False, issue, end,
+            done, seq, "wrapper", gpu, stalled, error, 0)
+
+
+def _spec(summary: bool, sampled: bool = True, points: bool = True):
+    return collective_rows.Spec(7, sampled, summary, (1, 2, 1, False), [(FWD, 0, 10_000_000)],
+                                {"rank": 0}, points)
+
+
+def _made(spec, rows):
+    spans, points = [], collections.Counter()
+
+    def span(name, parent, start, end, attrs, span_id=0, trace_id=0, links=(), error=None,
+             events=()):
+        spans.append((parent.span_id, start, end, attrs, error, events))
+
+    def point(kind):
+        return lambda value, attrs, context=None: points.update([kind])
+
+    n = collective_rows.expand(spec, rows, span, point("duration"), point("size"))
+    assert n == len(rows)
+    return spans, points
+
+
+ROWS = [_row(1, 100, 1_100), _row(2, 2_000, 3_000), _row(3, 4_000, 5_000, nbytes=0),
+        _row(4, 6_000, 60_000_000),  # slow: > 4 x the median and > 5 ms
+        _row(5, 7_000, 8_000, stalled=(7_500, 30.0)),
+        _row(6, 9_000, 9_500, done=False),
+        _row(7, 20_000_000, 20_001_000)]  # issued after the forward phase: under the step
+
+
+def test_each_collective_its_own_span_under_the_phase_that_issued_it():
+    spans, points = _made(_spec(summary=False), ROWS)
+    assert len(spans) == 7
+    assert [s[0] for s in spans] == [10] * 6 + [2]
+    assert spans[0][3][semconv.ATTR_COLLECTIVE_SHAPE] == [16]
+    assert semconv.ATTR_COLLECTIVE_BUS_BW in spans[0][3]
+    unfinished = spans[5]
+    assert unfinished[3][semconv.ATTR_COLLECTIVE_COMPLETED] is False and unfinished[4]
+    assert semconv.ATTR_COLLECTIVE_BUS_BW not in unfinished[3]
+    assert spans[4][3][semconv.ATTR_COLLECTIVE_STALLED] and spans[4][5][0][1] == 7_500
+    assert points == {"duration": 7, "size": 6}  # no size point for 0 bytes
+
+
+def test_summary_keeps_slow_stalled_and_unfinished_ones_on_their_own():
+    spans, points = _made(_spec(summary=True), ROWS)
+    summaries = [s for s in spans if semconv.ATTR_COLLECTIVE_COUNT in s[3]]
+    assert len(summaries) == 1
+    (summary,) = summaries
+    assert summary[3][semconv.ATTR_COLLECTIVE_COUNT] == 3  # seq 1-3
+    assert (summary[3][semconv.ATTR_COLLECTIVE_SEQ], summary[3][semconv.ATTR_COLLECTIVE_SEQ_LAST]) \
+        == (1, 3)
+    alone = sorted(s[3][semconv.ATTR_COLLECTIVE_SEQ] for s in spans if s is not summary)
+    assert alone == [4, 5, 6, 7]  # slow, stalled, unfinished; the only one under the step
+    assert points == {"duration": 7, "size": 6}
+
+
+@pytest.mark.parametrize("summary,sampled,points", [(False, True, True), (True, True, True),
+                                                    (False, False, True), (True, True, False)])
+def test_a_lost_batch_counts_exactly_what_it_would_have_made(summary, sampled, points):
+    spec = _spec(summary, sampled, points)
+    spans, made_points = _made(spec, ROWS)
+    dropped: collections.Counter[str] = collections.Counter()
+    remote.count_lost((remote.OP_COLLECTIVES, spec, ROWS, 0, 1), dropped)
+    assert dropped[semconv.SIGNAL_SPANS] == len(spans)
+    assert dropped[semconv.SIGNAL_METRICS] == sum(made_points.values())
