@@ -93,11 +93,19 @@ def evaluate(run_dir: Path, workdir: Path, alert: str, records: tuple[str, ...],
                  interval=0.5, on_timeout=prometheus.log_tail)
         out = {name: prometheus.query(name + selector) for name in records}
         expr = rule(alert)["expr"]
-        return Evaluation(
-            sent=sent, alert_expr=[r for r in prometheus.query(expr)
-                                   if r["metric"].get("training_run_id") == run],
-            alerts=prometheus.query(f'ALERTS{{alertname="{alert}",training_run_id="{run}"}}'),
-            records=out)
+        alert_expr = [r for r in prometheus.query(expr)
+                      if r["metric"].get("training_run_id") == run]
+        alerts_query = f'ALERTS{{alertname="{alert}",training_run_id="{run}"}}'
+        alerts = prometheus.query(alerts_query)
+        if alert_expr and not alerts:
+            # the expression holds now; the alert group (every second) writes ALERTS at its
+            # next evaluation, which may not have run since the last recording evaluation
+            # brought the expression's inputs in: give it a few evaluations, then report
+            deadline = time.monotonic() + 30.0
+            while not alerts and time.monotonic() < deadline:
+                time.sleep(0.5)
+                alerts = prometheus.query(alerts_query)
+        return Evaluation(sent=sent, alert_expr=alert_expr, alerts=alerts, records=out)
     finally:
         collector.kill()
         prometheus.kill()

@@ -260,6 +260,11 @@ def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
     assert spans[0][4]["collective.gpu_duration_s"] == 300 / 1e9
     assert "collective.gpu_duration_s" not in spans[1][4]
     assert {s[4]["collective.source"] for s in spans} == {"nccl_profiler"}
+    made = list(spans)
+    spans.clear()  # packed as the emitter sends them: the same spans
+    nccl_rows.expand(spec, nccl_rows.pack(rows), span, lambda v, a, context=None: None,
+                     lambda v, a: None)
+    assert spans == made
     spec = spec._replace(sampled=False)
     spans.clear()
     nccl_rows.expand(spec, rows, span, lambda v, a, context=None: None, lambda v, a: None)

@@ -17,6 +17,9 @@ for run in ${RUNS:-a1 b a2}; do
   mkdir -p $OUT/$run
   if [ "${run#b}" != "$run" ]; then export NCCL_PROFILER_PLUGIN=$PLUGIN_PATH; \
     cp $OUT/plugin-cost.json $OUT/$run/; else unset NCCL_PROFILER_PLUGIN; fi
+  # b<ms>: the plugin with its poller's interval at <ms> (OTEL_TRAIN_NCCL_POLL_MS)
+  if [ -n "${run#b}" ] && [ "${run#b}" -eq "${run#b}" ] 2>/dev/null; then
+    export OTEL_TRAIN_NCCL_POLL_MS=${run#b}; else unset OTEL_TRAIN_NCCL_POLL_MS; fi
   echo "== $run NCCL_PROFILER_PLUGIN=${NCCL_PROFILER_PLUGIN:-unset} $(date +%T)"
   timeout ${RUN_TIMEOUT:-170} torchrun --standalone --nproc-per-node $NGPU bench/multigpu/run.py \
     --out $OUT/$run ${RUN_ARGS:---modes cost --cost-arms default --cost-repeats 2} 2>&1 \
@@ -40,7 +43,7 @@ for run in sorted(p.name for p in out.iterdir() if p.is_dir()):
 (out / "aba.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PY
-for run in b; do
+for run in $(ls $OUT | grep '^b'); do
   python3 bench/multigpu/verdict.py $OUT/$run --baseline $OUT/a1 --out $OUT/verdict-b-vs-a1.md | tail -4
   python3 bench/multigpu/verdict.py $OUT/$run --baseline $OUT/a2 --out $OUT/verdict-b-vs-a2.md | tail -2
 done

@@ -393,15 +393,23 @@ class Trainer:
 
         cls = emitter_mod.Emitter
         saved = {name: getattr(cls, name) for name in
-                 ("before_step", "on_step", "on_tick", "on_event", "pump", "_emit_step",
-                  "_emit_log")}
+                 ("before_step", "on_step", "on_tick", "on_event", "hold_steps", "pump",
+                  "_emit_step", "_emit_log", "_release_steps", "report_drops",
+                  "report_internal_errors")}
         saved_commit = remote.RemotePipeline.commit
         cls.before_step = lambda em, fn: saved["before_step"](em, timed(label("before", fn), fn))
         cls.on_step = lambda em, fn: saved["on_step"](em, timed(label("after", fn), fn))
         cls.on_tick = lambda em, fn: saved["on_tick"](em, timed(label("tick", fn), fn))
         cls.on_event = lambda em, src, fn: saved["on_event"](
             em, src, timed(label(f"event {src}", fn), fn))
+        cls.hold_steps = lambda em, fn, *a, **k: saved["hold_steps"](
+            em, timed(label("gate", fn), fn), *a, **k)
         cls.pump = timed("pump (all)", saved["pump"])
+        cls._release_steps = timed("release held steps (gates, emit_step)",
+                                   saved["_release_steps"])
+        cls.report_drops = timed("report drops", saved["report_drops"])
+        cls.report_internal_errors = timed("report internal errors",
+                                           saved["report_internal_errors"])
         cls._emit_step = timed("emit_step (with listeners)", saved["_emit_step"])
         cls._emit_log = timed("user log", saved["_emit_log"])
         remote.RemotePipeline.commit = timed("commit (pickle, send)", saved_commit)

@@ -27,6 +27,7 @@ from otel_train.export import collective_rows
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
+from otel_train.nccl import rows as nccl_rows
 from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.recorder import EVENT
 from otel_train.sources import collectives_capture as capture_mod
@@ -539,7 +540,8 @@ class Ledger:
             info.step, info.sampled, self.summary, ctx_tuple(info.rank_step_context),
             [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
             self.offset, self.base, groups, stalled)
-        self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
+        self.emitter.collectives(spec, nccl_rows.pack(rows), self.duration.record,
+                                 self.size.add)
 
     def on_step(self, info: Any) -> None:
         if self._rows_for_steps:
