@@ -308,10 +308,41 @@ class Emitter:
     def wall(self, perf_ns: int) -> int:
         return perf_ns + self.offset
 
+    def _call_listener(self, listener: Callable[[StepInfo], None], info: StepInfo) -> None:
+        """A source's step listener: one that raises loses its own part, not the step."""
+        try:
+            listener(info)
+        except Exception as err:
+            internal_errors.count("emitter", err)
+            self.errors += 1
+            if self.console is not None and self.errors <= 5:
+                self.console.warning("otel_train.emitter_error", error=repr(err),
+                                     record_kind="step listener")
+
     def _emit_step(self, step: int, start: int, end: int, micro_batches: int, samples: int,
                    tokens: int) -> None:
-        ident = self.ident
         phases = self._phases.pop(step, [])
+        try:
+            self._emit_step_with(phases, step, start, end, micro_batches, samples, tokens)
+        except Exception:
+            # the step's own telemetry is lost: count exactly what it would have made
+            try:
+                sampled = self.sampled(identity.step_trace_id(self.ident.run_id, step))
+            except Exception:
+                sampled = True
+            totals = {r[2] for r in phases}
+            lost = step_rows.StepRecord(
+                step, start, end, micro_batches, samples, tokens, dict.fromkeys(totals, 0.0),
+                sampled, 0, 0, [None] * len(phases), {}, [], self.ident.run_id,
+                self.ident.rank, self.ident.world_size)
+            for signal, n in zip((semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS,
+                                  semconv.SIGNAL_LOGS), step_rows.lost(lost), strict=True):
+                self.pipeline.dropped[signal] += n
+            raise
+
+    def _emit_step_with(self, phases: list[tuple[Any, ...]], step: int, start: int, end: int,
+                        micro_batches: int, samples: int, tokens: int) -> None:
+        ident = self.ident
         if self._phases:
             for stale in [k for k in self._phases if k < step]:
                 del self._phases[stale]  # their step record was dropped (buffer full)
@@ -327,7 +358,7 @@ class Emitter:
                         totals, sampled, trace_id, rank_ctx, [],
                         [(r[2], r[3], r[4], r[5]) for r in phases])
         for listener in self._pre_step_listeners:
-            listener(info)
+            self._call_listener(listener, info)
         # The step's spans, log and points are made where spans are built (the exporter
         # process by default: export/step_rows.py); here only their plain values.
         phase_rows = []
@@ -348,12 +379,22 @@ class Emitter:
             step, info.start_ns, info.end_ns, micro_batches, samples, tokens, totals, sampled,
             trace_id, rank_ctx.span_id, phase_rows, info.extra_attributes, self._link_tuples,
             ident.run_id, ident.rank, ident.world_size), self._step_instruments)
+        try:  # the step is handed over: what follows can fail without losing it
+            self._after_step(info, duration_s, totals, samples, tokens)
+        except Exception as err:
+            internal_errors.count("emitter", err)
+            self.errors += 1
+
+    def _after_step(self, info: StepInfo, duration_s: float, totals: dict[str, float],
+                    samples: int, tokens: int) -> None:
+        step, trace_id, sampled, rank_ctx = (info.step, info.trace_id, info.sampled,
+                                             info.rank_step_context)
         if self.prometheus is not None:
             exemplar = ({"trace_id": f"{trace_id:032x}", "span_id": f"{rank_ctx.span_id:016x}"}
                         if sampled else None)
             self.prometheus.observe_step(duration_s, totals, samples, tokens, exemplar)
         for listener in self._step_listeners:
-            listener(info)
+            self._call_listener(listener, info)
         if self._console_debug:
             self.console.debug("train.step.end", trace_id=f"{trace_id:032x}",
                                span_id=f"{rank_ctx.span_id:016x}", step=step,

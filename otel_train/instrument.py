@@ -91,7 +91,11 @@ class Instrumentation:
         self.recorder: Recorder | None = None
         self.tracker: StepTracker | None = None
         self.emitter: Emitter | None = None
+        #: telemetry dropped this run, by signal (set when instrumentation ends)
         self.dropped: dict[str, int] = {}
+        #: what reached the OpenTelemetry SDK, by signal: {"produced", "exported", "dropped":
+        #: {signal: n}}, produced = exported + dropped (set when instrumentation ends)
+        self.telemetry: dict[str, dict[str, int]] = {}
         self.flushed = True
         self._signal_name: str | None = None
         self._previous_sigterm: Any = None
@@ -337,6 +341,8 @@ class Instrumentation:
                           "and the run span are not exported", ConfigWarning, stacklevel=4)
         self.flushed = self._pipeline.shutdown(max(0.1, deadline - time.monotonic()))
         self.dropped = dict(self.emitter.total_dropped())
+        snapshot = getattr(self._pipeline, "accounts_snapshot", None)
+        self.telemetry = snapshot() if snapshot is not None else {}
         if self._prometheus is not None:
             self._prometheus.close()
         if any(self.dropped.values()) or not self.flushed:

@@ -86,6 +86,17 @@ def test_a_killed_exporter_is_replaced_and_training_goes_on(tmp_path):
     assert any(s["name"] == semconv.SPAN_RUN for s in spans)
     assert max(s["attrs"][semconv.ATTR_STEP] for s in spans
                if s["name"] == semconv.SPAN_RANK_STEP) == 11
+    # nothing lost uncounted: the killed exporter's unexported part is dropped, exactly
+    accounts = inst.telemetry
+    for sig in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
+        assert accounts["produced"][sig] == (
+            accounts["exported"][sig] + accounts["dropped"][sig]), accounts
+    # what the killed exporter never applied (unacknowledged batches) is dropped before its
+    # SDK, what it applied and had not exported would be dropped in its accounts
+    assert inst.dropped[semconv.SIGNAL_SPANS] > accounts["dropped"][semconv.SIGNAL_SPANS]
+    # what the files hold: at least what was confirmed, at most what was produced
+    assert accounts["exported"][semconv.SIGNAL_SPANS] <= len(spans) \
+        <= accounts["produced"][semconv.SIGNAL_SPANS]
 
 
 def test_an_exporter_that_cannot_start_leaves_export_in_process(tmp_path, monkeypatch):

@@ -52,16 +52,41 @@ def _train(monkeypatch, endpoint: str, batches: int = 12, **kwargs):
     return inst, time.monotonic() - left
 
 
+_SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
+
+
+def _assert_accounts_exact(inst) -> dict[str, dict[str, int]]:
+    """produced = exported + dropped for every signal, and every loss in inst.dropped."""
+    accounts = inst.telemetry
+    for signal in _SIGNALS:
+        assert accounts["produced"][signal] == (
+            accounts["exported"][signal] + accounts["dropped"][signal]), (signal, accounts)
+        assert inst.dropped.get(signal, 0) >= accounts["dropped"][signal], (signal, accounts)
+    return accounts
+
+
 def _assert_bounded_and_counted(inst, exit_s: float) -> None:
     assert exit_s < SHUTDOWN_BOUND_S + 1.5, f"leaving instrument() took {exit_s:.1f}s"
     assert inst.dropped.get(semconv.SIGNAL_SPANS, 0) > 0
     assert inst.emitter.errors == 0
+    _assert_accounts_exact(inst)
+
+
+def _assert_nothing_exported(inst) -> None:
+    """No collector confirmed anything: every span and log record produced was dropped."""
+    accounts = inst.telemetry
+    for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_LOGS):
+        assert accounts["produced"][signal] > 0, accounts
+        assert accounts["exported"][signal] == 0, accounts
+        assert accounts["dropped"][signal] == accounts["produced"][signal], accounts
 
 
 def test_collector_absent_from_the_start(monkeypatch):
     inst, exit_s = _train(monkeypatch, f"http://127.0.0.1:{pf.free_port()}")
     _assert_bounded_and_counted(inst, exit_s)
     assert inst.dropped[semconv.SIGNAL_SPANS] == 12 * 6 + 2, "every span is counted"
+    _assert_nothing_exported(inst)
+    assert inst.telemetry["produced"][semconv.SIGNAL_SPANS] == 12 * 6 + 2
 
 
 class _StallingProxy:
@@ -101,6 +126,21 @@ def test_collector_stalled_behind_a_silent_link(monkeypatch, stalling_proxy):
     inst, exit_s = _train(monkeypatch, f"http://127.0.0.1:{stalling_proxy.port}")
     assert stalling_proxy.accepted, "the exporter did reach the stalled link"
     _assert_bounded_and_counted(inst, exit_s)
+    _assert_nothing_exported(inst)  # cut off by the shutdown bound: all of it dropped
+
+
+def test_a_flush_cut_short_by_the_shutdown_bound_counts_every_span(monkeypatch,
+                                                                    stalling_proxy):
+    # exports that outlast the bound (10 s export timeout against a 2 s bound): the flush is
+    # cut short with spans queued and in flight, and each of them is counted, none twice
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "10")
+    monkeypatch.setenv("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", "2")
+    inst, exit_s = _train(monkeypatch, f"http://127.0.0.1:{stalling_proxy.port}")
+    assert exit_s < 2 + 1.5, f"leaving instrument() took {exit_s:.1f}s"
+    assert not inst.flushed
+    _assert_accounts_exact(inst)
+    _assert_nothing_exported(inst)
+    assert inst.telemetry["produced"][semconv.SIGNAL_SPANS] == 12 * 6 + 2
 
 
 def test_tls_mismatch_is_counted(monkeypatch, tmp_path):
@@ -188,3 +228,9 @@ def test_collector_killed_and_restarted_telemetry_resumes(monkeypatch, tmp_path)
     lost_steps = produced - len(seen)
     assert lost_steps > 0
     assert inst.dropped[semconv.SIGNAL_SPANS] >= lost_steps, "every lost step is counted"
+    accounts = _assert_accounts_exact(inst)
+    written = len(pf.read_spans(traces))
+    # the collector wrote at most what was produced (what it accepted and then lost in its
+    # kill is its own loss, in its own telemetry: "exported" means accepted by it)
+    assert 0 < written <= accounts["produced"][semconv.SIGNAL_SPANS], (written, accounts)
+    assert accounts["dropped"][semconv.SIGNAL_SPANS] > 0, accounts

@@ -189,14 +189,17 @@ class Trainer:
             self.block(0, 8)
         run_dir = run_dir_of(self.out / "profile")
         res: dict[str, Any] = {"run_dir": str(run_dir)}
-        windows = list(otlp.iter_spans(sorted(run_dir.glob(semconv.TRACES_GLOB)),
-                                       frozenset({semconv.SPAN_PROFILE})))
+        # this rank's own window: its exporter's file only (issue 16 item 7: rank 0's
+        # window had been analysed for both ranks)
+        mine = sorted(p for p in run_dir.glob(semconv.TRACES_GLOB)
+                      if p.name.startswith(f"traces.rank-{self.rank}."))
+        windows = list(otlp.iter_spans(mine, frozenset({semconv.SPAN_PROFILE})))
         if not windows:
             return res
         attrs = windows[0].attributes
         trace = Path(attrs[semconv.ATTR_PROFILE_TRACE])
         ours = gpu_trace.analyse(gpu_trace.load_events(trace), steps=2)
-        res.update({"trace": str(trace), "otel_overlap_attr": attrs.get(semconv.ATTR_COMM_OVERLAP),
+        res.update({"rank": self.rank, "trace": str(trace), "otel_overlap_attr": attrs.get(semconv.ATTR_COMM_OVERLAP),
                     "otel_overlap_unrounded": ours.get("overlap_unrounded"),
                     "otel_overlap": ours.get("overlap"), "comm_kernels": ours.get("comm_kernels"),
                     "exposed_comm_s_per_step": ours.get("exposed_comm_per_step_s"),

@@ -51,7 +51,9 @@ class Exporter:
         self.pipeline = pipeline
         self.instruments: dict[int, Any] = {}
         self.errors = 0
-        self._reported: dict[str, int] = {}
+        self._reported: Any = None
+        #: batches applied so far (acknowledged with each report)
+        self.applied = 0
         #: one writer at a time on the socket: the main loop and the drop reporter
         self.send_lock = threading.Lock()
 
@@ -124,24 +126,36 @@ class Exporter:
                           file=sys.stderr)
         return None
 
-    def report_drops(self, sock: socket.socket) -> None:
+    def report_drops(self, sock: socket.socket, applied: int | None = None) -> None:
         """Tell the training process what this exporter has dropped so far (refused exports,
-        full queues), when it changed: its emitter counts it into
-        ``otel_train.telemetry.dropped`` with its own losses, exactly once. Never waits: a
-        report that does not fit is replaced by the next (the counts are absolute)."""
+        full queues) and its accounts (produced, exported, dropped, by signal), when they
+        changed, and after every batch (``applied``: batches applied so far, the
+        acknowledgement that lets the training process count exactly what a killed
+        exporter never applied). Its emitter counts the drops into
+        ``otel_train.telemetry.dropped`` with its own losses, exactly once. Never waits for
+        room: a periodic report that does not fit is replaced by the next (the counts are
+        absolute); an acknowledgement is always sent whole."""
         with self.send_lock:
+            if applied is not None:
+                self.applied = applied
             counts = dict(self.pipeline.dropped)
-            if counts == self._reported:
+            accounts = self.pipeline.accounts.snapshot()
+            state = (counts, accounts, self.applied)
+            if state == self._reported and applied is None:
                 return
-            data = pickle.dumps((remote.REPLY_DROPS, counts), protocol=5)
+            data = pickle.dumps((remote.REPLY_DROPS, counts, accounts, self.applied),
+                                protocol=5)
             frame = remote._HEADER.pack(len(data)) + data
             try:
-                sent = sock.send(frame, socket.MSG_DONTWAIT)
+                if applied is not None:
+                    sock.sendall(frame)
+                else:
+                    sent = sock.send(frame, socket.MSG_DONTWAIT)
+                    if sent < len(frame):  # never leave half a frame: finish it, it is small
+                        sock.sendall(frame[sent:])
             except OSError:  # full (the next report carries the same counts) or closed
                 return
-            if sent < len(frame):  # never leave half a frame: finish it, it is small
-                sock.sendall(frame[sent:])
-            self._reported = counts
+            self._reported = state
 
 
 def _watch_parent(sock: socket.socket) -> None:
@@ -201,13 +215,18 @@ def main(fd: int) -> int:
                      name="otel-train-drop-reports", daemon=True).start()
     bound = cfg.shutdown_timeout_s
     told = False
+    applied = 0
     while True:
         try:
             batch = remote.recv_message(sock)
         except (EOFError, OSError):
             break  # the training process is gone: flush what we have, within its bound
         asked = exporter.apply_all(batch)
-        exporter.report_drops(sock)
+        applied += 1
+        try:
+            exporter.report_drops(sock, applied)
+        except Exception:  # a closed socket: the next read ends the loop
+            pass
         if asked is not None:
             bound, told = asked, True
             break
@@ -216,7 +235,8 @@ def main(fd: int) -> int:
     if told:
         with exporter.send_lock:
             try:
-                remote.send_message(sock, (remote.REPLY_DONE, dict(pipeline.dropped), flushed))
+                remote.send_message(sock, (remote.REPLY_DONE, dict(pipeline.dropped), flushed,
+                                           pipeline.accounts.snapshot(), applied))
             except OSError:
                 pass
     sock.close()

@@ -55,17 +55,77 @@ _UNSET_STATUS = trace.Status(trace.StatusCode.UNSET)
 # --- counting wrappers -------------------------------------------------------------------
 
 
+class Accounts:
+    """Per signal: what reached the SDK (``produced``: spans and log records handed to the
+    batch processors, metric points collected for export), what an exporter confirmed
+    (``exported``) and what was lost (``dropped``: refused or failed exports, full queues).
+    :meth:`close` settles the rest at shutdown: whatever is neither exported nor dropped by
+    then (still queued, or in an export the shutdown bound cut short) is dropped, and later
+    results are ignored, so produced = exported + dropped holds exactly for every signal."""
+
+    def __init__(self, dropped: Dropped) -> None:
+        self.produced: Dropped = collections.Counter()
+        self.exported: Dropped = collections.Counter()
+        self.lost: Dropped = collections.Counter()  # of what was produced
+        #: every loss of the pipeline (Pipeline.dropped): these, and what never reached
+        #: the SDK (an operation the exporter process could not apply, say)
+        self.dropped = dropped
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def _lose(self, signal: str, n: int) -> None:
+        self.lost[signal] += n
+        self.dropped[signal] += n
+
+    def produce(self, signal: str, n: int = 1, dropped: bool = False) -> None:
+        with self._lock:
+            self.produced[signal] += n
+            if self.closed or dropped:  # a full queue, or made after shutdown
+                self._lose(signal, n)
+
+    def result(self, signal: str, n: int, ok: bool) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            if ok:
+                self.exported[signal] += n
+            else:
+                self._lose(signal, n)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            for signal, n in self.produced.items():
+                missing = n - self.exported[signal] - self.lost[signal]
+                if missing > 0:
+                    self._lose(signal, missing)
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """{"produced"|"exported"|"dropped": {signal: n}} of what reached the SDK, for spans,
+        metrics and logs (after :meth:`close`, produced = exported + dropped)."""
+        with self._lock:
+            return {name: {s: int(counter[s]) for s in _SIGNALS}
+                    for name, counter in (("produced", self.produced),
+                                          ("exported", self.exported),
+                                          ("dropped", self.lost))}
+
+
+_SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
+
+
 class _CountingSpanExporter(SpanExporter):
-    def __init__(self, inner: SpanExporter, dropped: Dropped) -> None:
-        self._inner, self._dropped = inner, dropped
+    def __init__(self, inner: SpanExporter, accounts: Accounts) -> None:
+        self._inner, self._accounts = inner, accounts
 
     def export(self, spans: Sequence[Any]) -> SpanExportResult:
         try:
             result = self._inner.export(spans)
         except Exception:  # an exporter must never take the emitter down
             result = SpanExportResult.FAILURE
-        if result != SpanExportResult.SUCCESS:
-            self._dropped[semconv.SIGNAL_SPANS] += len(spans)
+        self._accounts.result(semconv.SIGNAL_SPANS, len(spans),
+                              result == SpanExportResult.SUCCESS)
         return result
 
     def shutdown(self) -> None:
@@ -76,16 +136,16 @@ class _CountingSpanExporter(SpanExporter):
 
 
 class _CountingLogExporter(LogRecordExporter):
-    def __init__(self, inner: LogRecordExporter, dropped: Dropped) -> None:
-        self._inner, self._dropped = inner, dropped
+    def __init__(self, inner: LogRecordExporter, accounts: Accounts) -> None:
+        self._inner, self._accounts = inner, accounts
 
     def export(self, batch: Sequence[Any]) -> LogRecordExportResult:
         try:
             result = self._inner.export(batch)
         except Exception:
             result = LogRecordExportResult.FAILURE
-        if result != LogRecordExportResult.SUCCESS:
-            self._dropped[semconv.SIGNAL_LOGS] += len(batch)
+        self._accounts.result(semconv.SIGNAL_LOGS, len(batch),
+                              result == LogRecordExportResult.SUCCESS)
         return result
 
     def shutdown(self) -> None:
@@ -105,21 +165,23 @@ def _count_points(data: MetricsData) -> int:
 
 
 class _CountingMetricExporter(MetricExporter):
-    def __init__(self, inner: MetricExporter, dropped: Dropped) -> None:
+    def __init__(self, inner: MetricExporter, accounts: Accounts) -> None:
         super().__init__(
             preferred_temporality=inner._preferred_temporality,
             preferred_aggregation=inner._preferred_aggregation,
         )
-        self._inner, self._dropped = inner, dropped
+        self._inner, self._accounts = inner, accounts
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
+        points = _count_points(metrics_data)  # a collection's points: produced for export
+        self._accounts.produce(semconv.SIGNAL_METRICS, points)
         try:
             result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
             result = MetricExportResult.FAILURE
-        if result != MetricExportResult.SUCCESS:
-            self._dropped[semconv.SIGNAL_METRICS] += _count_points(metrics_data)
+        self._accounts.result(semconv.SIGNAL_METRICS, points,
+                              result == MetricExportResult.SUCCESS)
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -139,24 +201,22 @@ def _queue_full(processor: Any) -> bool:
 
 
 class _CountingBatchSpanProcessor(BatchSpanProcessor):
-    def __init__(self, exporter: SpanExporter, dropped: Dropped) -> None:
+    def __init__(self, exporter: SpanExporter, accounts: Accounts) -> None:
         super().__init__(exporter)
-        self._dropped = dropped
+        self._accounts = accounts
 
     def on_end(self, span: Any) -> None:
-        if _queue_full(self):
-            self._dropped[semconv.SIGNAL_SPANS] += 1
+        self._accounts.produce(semconv.SIGNAL_SPANS, 1, dropped=_queue_full(self))
         super().on_end(span)
 
 
 class _CountingBatchLogProcessor(BatchLogRecordProcessor):
-    def __init__(self, exporter: LogRecordExporter, dropped: Dropped) -> None:
+    def __init__(self, exporter: LogRecordExporter, accounts: Accounts) -> None:
         super().__init__(exporter)
-        self._dropped = dropped
+        self._accounts = accounts
 
     def on_emit(self, log_record: Any) -> None:
-        if _queue_full(self):
-            self._dropped[semconv.SIGNAL_LOGS] += 1
+        self._accounts.produce(semconv.SIGNAL_LOGS, 1, dropped=_queue_full(self))
         super().on_emit(log_record)
 
 
@@ -350,6 +410,8 @@ class Pipeline:
 
     def __init__(self, cfg: Config, ident: Identity, run_dir: Path | None) -> None:
         self.dropped: Dropped = collections.Counter()
+        #: produced = exported + dropped, per signal, settled at shutdown
+        self.accounts = Accounts(self.dropped)
         #: random ids where a span has no preset one (Pipeline.span takes preset ids as
         #: arguments: derived ones other ranks compute too, and those handed to log lines)
         self.ids = RandomIdGenerator()
@@ -372,18 +434,18 @@ class Pipeline:
         spans, metrics, logs = exporters if exporters is not None else (None, None, None)
         spans, metrics, logs = _signal_overrides(spans, metrics, logs)
         if spans is not None:
-            processor = _CountingBatchSpanProcessor(_CountingSpanExporter(spans, self.dropped),
-                                                    self.dropped)
+            processor = _CountingBatchSpanProcessor(
+                _CountingSpanExporter(spans, self.accounts), self.accounts)
             self.processors.append(processor)
             self.tracer_provider.add_span_processor(processor)
         if logs is not None:
-            processor = _CountingBatchLogProcessor(_CountingLogExporter(logs, self.dropped),
-                                                   self.dropped)
+            processor = _CountingBatchLogProcessor(
+                _CountingLogExporter(logs, self.accounts), self.accounts)
             self.processors.append(processor)
             self.logger_provider.add_log_record_processor(processor)
         if metrics is not None:
             self.readers.append(PeriodicExportingMetricReader(
-                _CountingMetricExporter(metrics, self.dropped)))
+                _CountingMetricExporter(metrics, self.accounts)))
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=self.readers,
                                             shutdown_on_exit=False)
         _live_pipelines.add(self)
@@ -490,6 +552,10 @@ class Pipeline:
     def commit(self) -> None:
         """Nothing to hand on: spans and records went to the SDK as they were made."""
 
+    def accounts_snapshot(self) -> dict[str, dict[str, int]]:
+        """Produced, exported and dropped by signal (:class:`Accounts`)."""
+        return self.accounts.snapshot()
+
     def backlog(self) -> float:
         """How full the fullest batch processor queue is, 0 to 1."""
         fill = 0.0
@@ -538,4 +604,5 @@ class Pipeline:
         worker = threading.Thread(target=work, name="otel-train-shutdown", daemon=True)
         worker.start()
         worker.join(timeout_s)
+        self.accounts.close()  # what is still queued or in flight now is dropped
         return not worker.is_alive()

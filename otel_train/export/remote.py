@@ -59,12 +59,15 @@ OP_STEP = "T"  # (T, step_rows.StepRecord, step, phase, samples, tokens instrume
 OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
 # replies of the exporter process (pickled, length-prefixed the same way)
 REPLY_READY = "ready"  # (ready, exporter kind, [warning texts])
-REPLY_DONE = "done"  # (done, {signal: dropped}, flushed)
-REPLY_DROPS = "drops"  # (drops, {signal: dropped so far}): sent when the counts change
+REPLY_DONE = "done"  # (done, {signal: dropped}, flushed, accounts, batches applied)
+#: (drops, {signal: dropped so far}, accounts, batches applied): after every batch, and when
+#: the counts change; accounts: providers.Accounts.snapshot()
+REPLY_DROPS = "drops"
 
 MAX_RESTARTS = 3
 READY_TIMEOUT_S = 60.0
 _HEADER = struct.Struct("<Q")
+_SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
 _SIGNAL_OF_OP = {OP_SPAN: semconv.SIGNAL_SPANS, OP_LOG: semconv.SIGNAL_LOGS,
                  OP_MEASURE: semconv.SIGNAL_METRICS}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -263,6 +266,15 @@ class RemotePipeline:
         #: exporter's latest report on top of the final counts of the ones before it
         self._exporter_live: collections.Counter[str] = collections.Counter()
         self._exporter_past: collections.Counter[str] = collections.Counter()
+        #: the exporters' accounts (produced, exported, dropped by signal): the running
+        #: one's latest report, and the settled totals of the ones before it
+        self._accounts_live: dict[str, dict[str, int]] = {}
+        self._accounts_past: dict[str, collections.Counter[str]] = {
+            k: collections.Counter() for k in ("produced", "exported", "dropped")}
+        #: batches sent to the running exporter and not yet acknowledged as applied
+        self._unacked: collections.deque[tuple[int, list[tuple[Any, ...]]]] = (
+            collections.deque())
+        self._sent_batches = 0
         self._inbox = _Inbox()
         self.kind = choose_exporter(cfg)
         self.meter = _ProxyMeter(self)
@@ -323,7 +335,7 @@ class RemotePipeline:
             count_lost(op, self.dropped)
         sock, proc = self._sock, self._proc
         self._sock = self._proc = None
-        self._retire_exporter_counts()
+        self._settle_lost_exporter()
         if sock is not None:
             sock.close()
         if proc is not None:
@@ -341,21 +353,64 @@ class RemotePipeline:
             if self.on_warning is not None:
                 self.on_warning(f"otel-train: {err}")
 
+    def _settle_lost_exporter(self) -> None:
+        """An exporter ended without saying it flushed: what it was sent and never applied
+        (unacknowledged batches) is dropped, and so is what it had taken and not exported by
+        its last report (queued in its SDK when it died)."""
+        for _, batch in self._unacked:
+            for op in batch:
+                count_lost(op, self.dropped)
+        self._unacked.clear()
+        accounts = self._accounts_live
+        for signal, produced in accounts.get("produced", {}).items():
+            missing = (produced - accounts["exported"].get(signal, 0)
+                       - accounts["dropped"].get(signal, 0))
+            if missing > 0:
+                accounts["dropped"][signal] = accounts["dropped"].get(signal, 0) + missing
+                self.dropped[signal] += missing
+        self._retire_exporter_counts()
+
     def _retire_exporter_counts(self) -> None:
         self._exporter_past.update(self._exporter_live)
         self._exporter_live = collections.Counter()
+        for kind, counts in self._accounts_live.items():
+            self._accounts_past[kind].update(counts)
+        self._accounts_live = {}
+        self._unacked.clear()
+        self._sent_batches = 0
         self._inbox = _Inbox()
 
     def _take_replies(self, frames: list[Any]) -> Any:
-        """Apply drop reports; return a REPLY_DONE frame if one came."""
+        """Apply drop reports and acknowledgements; return a REPLY_DONE frame if one came."""
         done = None
         for frame in frames:
             if frame[0] == REPLY_DROPS:
                 self._exporter_live = collections.Counter(frame[1])
+                if len(frame) >= 4:
+                    self._accounts_live = frame[2]
+                    self._acknowledged(frame[3])
             elif frame[0] == REPLY_DONE:
                 self._exporter_live = collections.Counter(frame[1])
+                if len(frame) >= 5:
+                    self._accounts_live = frame[3]
+                    self._acknowledged(frame[4])
                 done = frame
         return done
+
+    def _acknowledged(self, applied: int) -> None:
+        unacked = self._unacked
+        while unacked and unacked[0][0] <= applied:
+            unacked.popleft()
+
+    def accounts_snapshot(self) -> dict[str, dict[str, int]]:
+        """Produced, exported and dropped by signal over this run's exporter processes (what
+        reached their SDKs; a lost exporter's unexported part settled as dropped)."""
+        out: dict[str, dict[str, int]] = {}
+        for kind, past in self._accounts_past.items():
+            total = collections.Counter(past)
+            total.update(self._accounts_live.get(kind, {}))
+            out[kind] = {s: int(total[s]) for s in _SIGNALS}
+        return out
 
     def exporter_dropped(self) -> collections.Counter[str]:
         """What the exporter processes of this run reported dropping so far."""
@@ -437,6 +492,9 @@ class RemotePipeline:
             send_message(sock, batch)
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as err:
             self._exporter_lost(batch, repr(err))
+            return
+        self._sent_batches += 1
+        self._unacked.append((self._sent_batches, batch))
 
     # --- the Pipeline interface the emitter's back-pressure uses -------------------------
     def backlog(self) -> float:
@@ -453,6 +511,7 @@ class RemotePipeline:
         self._sock = self._proc = None
         self.restarts = MAX_RESTARTS  # a forked worker never starts an exporter
         self._ops.clear()
+        self._unacked.clear()
 
     def shutdown(self, timeout_s: float) -> bool:
         """Send what is left, let the exporter flush within ``timeout_s``, collect its
@@ -477,6 +536,7 @@ class RemotePipeline:
         if sock is None or proc is None:
             return False
         flushed = False
+        done = None
         try:
             send_message(sock, [(OP_SHUTDOWN, max(0.1, deadline - time.monotonic() - 0.2))])
             while True:
@@ -489,7 +549,10 @@ class RemotePipeline:
                     break
         except (OSError, EOFError, pickle.PickleError):
             pass
-        self._retire_exporter_counts()
+        if done is None:  # no final word within the bound: what is unconfirmed is dropped
+            self._settle_lost_exporter()
+        else:
+            self._retire_exporter_counts()
         sock.close()
         self._sock = None
         try:
