@@ -246,3 +246,18 @@ def test_a_slow_step_spent_waiting_in_collectives_is_blamed_on_the_rank_that_did
     # a wait much smaller than the excess explains nothing; nor does a lone rank
     assert st._waited_in_collectives(0, 0.3, {0: 0.10, 1: 0.02}) is None
     assert st._waited_in_collectives(0, 0.3, {0: 0.30}) is None
+
+
+def test_pass_two_by_line_offsets_reads_the_same_spans(run_dir: Path) -> None:
+    """Pass two reads only the lines pass one saw a trace's spans on (by byte offset): the
+    same spans as scanning every line for the trace ids."""
+    from otel_train.analysis.traces import read_traces, spans_of_traces
+
+    digest = read_traces(run_dir)
+    wanted = {digest.step_trace[s] for s in (3, 37, 151)}
+    by_offset = spans_of_traces(run_dir, wanted, digest=digest)
+    by_scan = spans_of_traces(run_dir, wanted)
+    key = lambda s: (s.trace_id, s.span_id)  # noqa: E731
+    assert len(by_offset) > 3 * SPEC.ranks
+    assert sorted(map(key, by_offset)) == sorted(map(key, by_scan))
+    assert {s.trace_id for s in by_offset} == wanted

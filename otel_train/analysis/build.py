@@ -94,7 +94,7 @@ def _spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],
     """Pass two: every span of the given steps' traces."""
     step_of = {traces.step_trace[s]: s for s in steps if s in traces.step_trace}
     out: dict[int, list[Span]] = {}
-    for span in spans_of_traces(run_dir, set(step_of), run_id):
+    for span in spans_of_traces(run_dir, set(step_of), run_id, traces):
         out.setdefault(step_of[span.trace_id], []).append(span)
     return out
 

@@ -118,18 +118,66 @@ class Span:
         return (self.end_ns - self.start_ns) / 1e9
 
 
+#: where a trace's spans are: trace id -> {(file index, byte offset of the line)}
+LineIndex = dict[str, set[tuple[int, int]]]
+
+
 def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
                line_filter: tuple[str, ...] | None = None,
-               run_id: str | None = None) -> Iterator[Span]:
+               run_id: str | None = None, index: LineIndex | None = None) -> Iterator[Span]:
     """Spans of the given files; ``names`` keeps only those names (attributes of the others
     are never decoded); ``line_filter`` skips lines that contain none of those strings;
-    ``run_id`` keeps only that run's resources (a collector's files hold every run)."""
-    for request in _filtered_requests(paths, line_filter):
+    ``run_id`` keeps only that run's resources (a collector's files hold every run);
+    ``index``, if given, learns on which line of which file every trace's spans are (for
+    :func:`spans_at`: a second pass that reads only those lines)."""
+    requests = (_filtered_requests(paths, line_filter) if index is None
+                else _indexed_requests(paths, index))
+    for request in requests:
         for resource, resource_spans in _resources(request, "resourceSpans", run_id):
             for scope_spans in resource_spans.get("scopeSpans", ()):
                 for raw in scope_spans.get("spans", ()):
                     if names is None or raw.get("name") in names:
                         yield _span(raw, resource)
+
+
+def _indexed_requests(paths: Iterable[Path], index: LineIndex) -> Iterator[dict[str, Any]]:
+    for i, path in enumerate(paths):
+        offset = 0
+        with open(path, "rb") as lines:
+            for line in lines:
+                at, offset = offset, offset + len(line)
+                if not line.strip():
+                    continue
+                for request in _decode_line(line.decode("utf-8", errors="replace")):
+                    for resource_spans in request.get("resourceSpans", ()):
+                        for scope_spans in resource_spans.get("scopeSpans", ()):
+                            for raw in scope_spans.get("spans", ()):
+                                index.setdefault(raw.get("traceId", ""), set()).add((i, at))
+                    yield request
+
+
+def spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
+             run_id: str | None = None) -> Iterator[Span]:
+    """The spans of ``trace_ids``, reading only the lines ``index`` (filled by
+    :func:`iter_spans`) says hold them."""
+    where = sorted({loc for t in trace_ids for loc in index.get(t, ())})
+    opened: dict[int, Any] = {}
+    try:
+        for i, offset in where:
+            handle = opened.get(i)
+            if handle is None:
+                handle = opened[i] = open(paths[i], "rb")
+            handle.seek(offset)
+            line = handle.readline().decode("utf-8", errors="replace")
+            for request in _decode_line(line):
+                for resource, resource_spans in _resources(request, "resourceSpans", run_id):
+                    for scope_spans in resource_spans.get("scopeSpans", ()):
+                        for raw in scope_spans.get("spans", ()):
+                            if raw.get("traceId", "") in trace_ids:
+                                yield _span(raw, resource)
+    finally:
+        for handle in opened.values():
+            handle.close()
 
 
 def _filtered_requests(paths: Iterable[Path],

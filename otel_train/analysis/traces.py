@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otel_train import semconv as sc
-from otel_train.analysis.otlp import Span, iter_spans, signal_files
+from otel_train.analysis.otlp import LineIndex, Span, iter_spans, signal_files, spans_at
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases)
 UNTIMED = "untimed"
@@ -100,6 +100,9 @@ class TraceDigest:
     run_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank: (start, end)
     run_ids: set[str] = field(default_factory=set)
     world_size: int = 0
+    #: pass one's files and where each trace's spans are in them (pass two reads only those)
+    files: list[Path] = field(default_factory=list)
+    lines: LineIndex = field(default_factory=dict)
 
     def add(self, span: Span) -> None:
         if span.name == sc.SPAN_RANK_STEP:
@@ -125,17 +128,21 @@ class TraceDigest:
 
 def read_traces(run_dir: Path, run_id: str | None = None) -> TraceDigest:
     digest = TraceDigest()
-    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), names=PASS_ONE_SPANS,
-                           run_id=run_id):
+    digest.files = signal_files(run_dir, sc.TRACES_GLOB)
+    for span in iter_spans(digest.files, names=PASS_ONE_SPANS, run_id=run_id,
+                           index=digest.lines):
         digest.add(span)
     return digest
 
 
-def spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None
-                    ) -> list[Span]:
-    """Pass two: every span of a few traces; lines holding none of them are not parsed."""
+def spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None,
+                    digest: TraceDigest | None = None) -> list[Span]:
+    """Pass two: every span of a few traces. With pass one's ``digest``, only the lines
+    that hold them are read (by offset); else lines holding none of them are not parsed."""
     if not trace_ids:
         return []
+    if digest is not None and digest.files:
+        return list(spans_at(digest.files, digest.lines, trace_ids, run_id))
     needles = tuple(trace_ids)
     return [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), line_filter=needles,
                                   run_id=run_id) if s.trace_id in trace_ids]
