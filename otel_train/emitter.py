@@ -1,9 +1,13 @@
-"""The background thread: records from the hot path become spans, metric points and logs.
+"""The background thread: records from the hot path become steps, rows and log records.
 
-Everything OpenTelemetry happens here, off the training thread: span objects with explicit
-start and end times and preset ids, histogram points recorded in the context of the step's
-span (so trace-based exemplar filters keep them), log records with the ids the training
-thread stamped. Anything that goes wrong here is logged and counted, never raised.
+Off the training thread, the emitter puts the hot path's records together: a step's phases,
+its sources' additions (GPU times, memory, throttling, exposed communication), its
+collectives. What leaves it is plain values: one ``StepRecord`` per step
+(export/step_rows.py), the step's collectives as rows (export/collective_rows.py), log
+records and metric points with the ids the training thread stamped. The spans, points and log
+records themselves (explicit times, preset ids, exemplars in the step's span context) are made
+where spans are built: the exporter process by default, else the Pipeline on this thread.
+Anything that goes wrong here is logged and counted, never raised.
 """
 
 from __future__ import annotations
@@ -419,7 +423,8 @@ class Emitter:
 
     def collectives(self, spec: Any, rows: list[tuple[int, ...]], duration: Any,
                     size: Any) -> None:
-        """A step's NCCL plugin records: spans and points made where spans are built."""
+        """A step's collectives (rows, or the NCCL plugin's records): spans and points are made
+        where spans are built."""
         self.pipeline.collectives(spec, rows, duration, size)
 
     def step_at(self, perf_ns: int) -> int:
