@@ -335,6 +335,11 @@ class RemotePipeline:
             count_lost(op, self.dropped)
         sock, proc = self._sock, self._proc
         self._sock = self._proc = None
+        if sock is not None:  # its last acknowledgements and accounts may still be unread
+            try:
+                self._take_replies(self._inbox.poll(sock))
+            except Exception:
+                pass
         self._settle_lost_exporter()
         if sock is not None:
             sock.close()
