@@ -329,7 +329,8 @@ class Emitter:
         try:
             self._emit_step_with(phases, step, start, end, micro_batches, samples, tokens)
         except Exception:
-            # the step's own telemetry is lost: count exactly what it would have made
+            # the step's own telemetry is lost: count what it would have made, from its phase
+            # records (totals that listeners add, exposed_comm and compile, are not known here)
             try:
                 sampled = self.sampled(identity.step_trace_id(self.ident.run_id, step))
             except Exception:
