@@ -271,6 +271,19 @@ def test_in_process_export_builds_spans_on_the_emitter_thread_only(tmp_path, mon
     assert threads == {"otel-train-emitter"}
 
 
+@pytest.mark.parametrize("export_process", [True, False])
+def test_healthy_export_accounts_for_every_span_exactly(tmp_path, export_process):
+    model, opt, loader = training.setup(batches=6)
+    with otel_train.instrument(model, output_dir=tmp_path, export_process=export_process) as inst:
+        training.train(model, opt, loader)
+    accounts = inst.telemetry
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
+        assert accounts["dropped"][signal] == 0, accounts
+        assert accounts["produced"][signal] == accounts["exported"][signal] > 0, accounts
+    assert accounts["produced"][semconv.SIGNAL_SPANS] == len(spans)  # every one in the file
+
+
 def test_a_full_buffer_drops_and_counts_and_never_blocks(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_TRAIN_EMIT_INTERVAL_MS", "600000")  # drained only at exit
     model, opt, loader = training.setup(batches=40)
