@@ -31,6 +31,7 @@ from otel_train.export import step_rows
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.providers import Pipeline
+from otel_train.export.remote import ctx_tuple
 from otel_train.identity import Identity
 from otel_train.recorder import EVENT, LOG, PHASE, STEP, Recorder
 
@@ -154,8 +155,7 @@ class Emitter:
         self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
         self.errors = 0
         self._base_attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
-        self._link_tuples = [(c.trace_id, c.span_id, int(c.trace_flags), c.is_remote)
-                             for c in (link.context for link in self._links())]
+        self._link_tuples = [ctx_tuple(link.context) for link in self._links()]
         self._console_debug = console is not None and _debug_enabled(console)
         self._make_instruments()
         self._step_instruments = (self.step_hist.record, self.phase_hist.record,

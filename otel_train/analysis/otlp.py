@@ -134,11 +134,18 @@ def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
     requests = (_filtered_requests(paths, line_filter) if index is None
                 else _indexed_requests(paths, index))
     for request in requests:
-        for resource, resource_spans in _resources(request, "resourceSpans", run_id):
-            for scope_spans in resource_spans.get("scopeSpans", ()):
-                for raw in scope_spans.get("spans", ()):
-                    if names is None or raw.get("name") in names:
-                        yield _span(raw, resource)
+        for raw, resource in _raw_spans(request, run_id):
+            if names is None or raw.get("name") in names:
+                yield _span(raw, resource)
+
+
+def _raw_spans(request: dict[str, Any], run_id: str | None
+               ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """(raw span, decoded resource attributes) of one export request, run ``run_id``'s."""
+    for resource, resource_spans in _resources(request, "resourceSpans", run_id):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for raw in scope_spans.get("spans", ()):
+                yield raw, resource
 
 
 def _indexed_requests(paths: Iterable[Path], index: LineIndex) -> Iterator[dict[str, Any]]:
@@ -169,11 +176,9 @@ def spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
             handle.seek(offset)
             line = handle.readline().decode("utf-8", errors="replace")
             for request in _decode_line(line):
-                for resource, resource_spans in _resources(request, "resourceSpans", run_id):
-                    for scope_spans in resource_spans.get("scopeSpans", ()):
-                        for raw in scope_spans.get("spans", ()):
-                            if raw.get("traceId", "") in trace_ids:
-                                yield _span(raw, resource)
+                for raw, resource in _raw_spans(request, run_id):
+                    if raw.get("traceId", "") in trace_ids:
+                        yield _span(raw, resource)
     finally:
         for handle in opened.values():
             handle.close()

@@ -55,7 +55,8 @@ class Spec(NamedTuple):
     points: bool = True
 
 
-def _ctx(t: CtxTuple) -> SpanContext:
+def context_of(t: CtxTuple) -> SpanContext:
+    """A span context from its plain tuple (as :func:`remote.ctx_tuple` makes it)."""
     return SpanContext(t[0], t[1], t[3], TraceFlags(t[2]))
 
 
@@ -71,7 +72,7 @@ def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
     """Record every row's duration and size and, in a sampled step, its span or its share of
     a summary span, with a Pipeline's ``span`` and the duration histogram's ``record`` and
     the size counter's ``add``; returns how many rows."""
-    exemplar = (trace.set_span_in_context(NonRecordingSpan(_ctx(spec.rank_step)))
+    exemplar = (trace.set_span_in_context(NonRecordingSpan(context_of(spec.rank_step)))
                 if spec.sampled else None)
     attrs_of: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
     for row in rows if spec.points else ():
@@ -91,8 +92,8 @@ def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
             size(row[5], attrs[1])
     if not spec.sampled or not rows:
         return len(rows)
-    rank_step = _ctx(spec.rank_step)
-    phases = [(_ctx(c), start, end) for c, start, end in spec.phases]
+    rank_step = context_of(spec.rank_step)
+    phases = [(context_of(c), start, end) for c, start, end in spec.phases]
     parented = []
     for row in rows:
         parent = rank_step

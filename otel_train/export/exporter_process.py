@@ -25,9 +25,9 @@ import warnings
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext
 
-from otel_train.export import remote
+from otel_train.export import collective_rows, remote
 from otel_train.export.providers import Pipeline
 
 #: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
@@ -41,7 +41,7 @@ DROP_REPORT_INTERVAL_S = 0.5
 def _ctx(t: tuple[int, int, int, bool] | None) -> SpanContext | None:
     if t is None:
         return None
-    return SpanContext(t[0], t[1], t[3], TraceFlags(t[2]))
+    return collective_rows.context_of(t)
 
 
 class Exporter:

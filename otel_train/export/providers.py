@@ -106,13 +106,14 @@ class Accounts:
         """{"produced"|"exported"|"dropped": {signal: n}} of what reached the SDK, for spans,
         metrics and logs (after :meth:`close`, produced = exported + dropped)."""
         with self._lock:
-            return {name: {s: int(counter[s]) for s in _SIGNALS}
+            return {name: {s: int(counter[s]) for s in SIGNALS}
                     for name, counter in (("produced", self.produced),
                                           ("exported", self.exported),
                                           ("dropped", self.lost))}
 
 
-_SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
+#: the signals the accounts keep
+SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
 
 
 class _CountingSpanExporter(SpanExporter):

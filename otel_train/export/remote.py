@@ -45,7 +45,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_train import semconv
 from otel_train.config import Config, ConfigWarning
 from otel_train.export import collective_rows, step_rows
-from otel_train.export.providers import choose_exporter
+from otel_train.export.providers import SIGNALS, choose_exporter
 from otel_train.identity import Identity
 
 # operations: the first element says what the rest is
@@ -67,7 +67,6 @@ REPLY_DROPS = "drops"
 MAX_RESTARTS = 3
 READY_TIMEOUT_S = 60.0
 _HEADER = struct.Struct("<Q")
-_SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
 _SIGNAL_OF_OP = {OP_SPAN: semconv.SIGNAL_SPANS, OP_LOG: semconv.SIGNAL_LOGS,
                  OP_MEASURE: semconv.SIGNAL_METRICS}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -414,7 +413,7 @@ class RemotePipeline:
         for kind, past in self._accounts_past.items():
             total = collections.Counter(past)
             total.update(self._accounts_live.get(kind, {}))
-            out[kind] = {s: int(total[s]) for s in _SIGNALS}
+            out[kind] = {s: int(total[s]) for s in SIGNALS}
         return out
 
     def exporter_dropped(self) -> collections.Counter[str]:

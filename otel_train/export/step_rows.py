@@ -18,6 +18,7 @@ from opentelemetry._logs import SeverityNumber
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import identity, semconv
+from otel_train.export.collective_rows import context_of
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(0)
@@ -90,7 +91,7 @@ def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., A
 
 
 def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) -> None:
-    links = [SpanContext(t[0], t[1], t[3], TraceFlags(t[2])) for t in record.links]
+    links = [context_of(t) for t in record.links]
     step_attrs = {semconv.ATTR_STEP: record.step, semconv.ATTR_RUN_ID: record.run_id,
                   semconv.ATTR_WORLD_SIZE: record.world_size}
     root_id = identity.step_span_id(record.run_id, record.step)
