@@ -271,6 +271,30 @@ def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
     assert spans == []  # unsampled: points only
 
 
+def test_records_kept_as_bytes_split_by_step_as_the_tuples_would():
+    """The emitter keeps the plugin's records as written (nccl.Records) and reads only their
+    issue and done times: the split by step end, the start filter and the communicators
+    must be those of the unpacked tuples."""
+    func = nccl.FUNCS.index("all_gather")
+    big = 2**63 + 5  # a communicator hash with its top bit set
+    rows = [(big if i % 3 else 7, i, 64, 1_000 * i, 1_000 * i + 500, 0, 0, func, 10, 0, 0, 2,
+             1, 4 if i % 3 else 2) for i in range(12)]
+    rows[4], rows[9] = rows[9], rows[4]  # completion order is not issue order
+    records = nccl.Records()
+    records.add(nccl_rows.pack(rows[:7]), since=2_000)  # issued before the start: dropped
+    records.add(nccl_rows.pack(rows[7:]), since=2_000)
+    kept = [r for r in rows if r[3] >= 2_000]
+    assert len(records) == len(kept)
+    raw, issue, done = records.take_before(6_000)
+    mine = [r for r in kept if r[3] < 6_000]
+    assert list(nccl.RECORD.iter_unpack(raw)) == mine
+    assert issue == [r[3] for r in mine] and done == [r[4] for r in mine]
+    assert nccl.comms_of(raw) == {7: 2, big: 4}
+    raw, issue, _ = records.take_before(100_000)  # the rest, in the order read
+    assert list(nccl.RECORD.iter_unpack(raw)) == [r for r in kept if r[3] >= 6_000]
+    assert len(records) == 0 and records.take_before(100_000) == (b"", [], [])
+
+
 def test_a_plugin_that_cannot_be_built_says_why(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_TRAIN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-compiler"))

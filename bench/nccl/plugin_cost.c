@@ -9,8 +9,9 @@
  *     stamp and a stop on the proxy thread.
  *   - "events" (needs a GPU): a kernel launch on a real CUDA stream (the plugin records its two
  *     events there; no kernel runs, so they complete at once), then the task's start and stop,
- *     on the enqueuing thread; the plugin's poller completes them on its own thread (its CPU
- *     per record, poller_ns, is for launches far faster than training makes them: batches).
+ *     on the enqueuing thread, which also completes the earlier launches on its stream that
+ *     have finished (completed_by_enqueuer); the plugin's poller completes the rest on its own
+ *     thread (poller_ns: its CPU per record).
  *
  *   cc -O2 -o /tmp/plugin_cost bench/nccl/plugin_cost.c -lpthread -ldl
  *   /tmp/plugin_cost [channels] [kernel|events]
@@ -142,11 +143,11 @@ static int events_bench(void) {
   qsort(enq, rounds, sizeof(double), cmp);
   printf("{\"timing\": \"events\", \"collectives\": %d, \"records\": %lu, \"gpu_timed\": %lu, "
          "\"enqueue_thread_ns\": %.1f, \"enqueue_range_ns\": [%.1f, %.1f], "
-         "\"poller_ns\": %.1f, \"clock_read_ns\": %.1f}\n",
+         "\"poller_ns\": %.1f, \"clock_read_ns\": %.1f, \"completed_by_enqueuer\": %lu}\n",
          n * rounds, (unsigned long)got, (unsigned long)timed, enq[rounds / 2] - clock_cost,
          enq[0] - clock_cost, enq[rounds - 1] - clock_cost,
          poll0 >= 0 && poll1 >= 0 && got > 1000 ? (poll1 - poll0) / (double)(got - 1000) : -1.0,
-         clock_cost);
+         clock_cost, (unsigned long)atomic_load(&g_by_enqueuer));
   return 0;
 }
 

@@ -115,8 +115,8 @@ class Plugin:
             version = lib.otel_train_nccl_version()
         except (OSError, AttributeError) as err:
             raise PluginUnavailable(f"cannot load {path}: {err}") from err
-        if version != 2:
-            raise PluginUnavailable(f"{path} is version {version}, this reader knows 2")
+        if version != 3:
+            raise PluginUnavailable(f"{path} is version {version}, this reader knows 3")
         self.path = str(path)
         self._lib = lib
         lib.otel_train_nccl_read.restype = ctypes.c_int
@@ -131,7 +131,7 @@ class Plugin:
         self._one = ctypes.create_string_buffer(RECORD.size)
         self._lost = ctypes.c_uint64(0)
         self._comms = (_Comm * 256)()
-        self._totals = (ctypes.c_uint64 * 7)()
+        self._totals = (ctypes.c_uint64 * 8)()
 
     def read(self) -> tuple[list[tuple[int, ...]], int]:
         """Every record written since the last read, oldest first, and how many the ring
@@ -148,6 +148,21 @@ class Plugin:
                 break
         return out, lost
 
+    def read_raw(self) -> tuple[bytes, int]:
+        """Like :meth:`read`, the records as the plugin wrote them (64 bytes each): no
+        Python object per record (see :class:`Records`)."""
+        chunks: list[bytes] = []
+        lost = 0
+        while True:
+            n = self._lib.otel_train_nccl_read(self._buf, _BATCH, ctypes.byref(self._lost))
+            lost += self._lost.value
+            if n <= 0:
+                break
+            chunks.append(bytes(self._view[:n * RECORD.size]))
+            if n < _BATCH:
+                break
+        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), lost
+
     def in_flight(self) -> tuple[int, tuple[int, ...] | None]:
         """How many operations are started and not finished, and the oldest one's record
         (its ``t_done`` and GPU stamps are 0)."""
@@ -162,10 +177,12 @@ class Plugin:
 
     def totals(self) -> dict[str, int]:
         self._lib.otel_train_nccl_totals(self._totals)
-        started, written, overwritten, unrecorded, untimed, polls, events = self._totals
+        (started, written, overwritten, unrecorded, untimed, polls, events,
+         by_enqueuer) = self._totals
         return {"started": started, "written": written, "overwritten": overwritten,
                 "unrecorded": unrecorded, "untimed": untimed, "polls": polls,
-                "timing": "events" if events else "kernel"}
+                "timing": "events" if events else "kernel",
+                "completed_by_enqueuer": by_enqueuer}
 
 
 def loaded() -> Plugin | None:
@@ -177,3 +194,78 @@ def loaded() -> Plugin | None:
         return Plugin(str(path))
     except PluginUnavailable:
         return None
+
+
+class Records:
+    """Plugin records not yet given to a step, kept as the plugin wrote them, with their
+    issue and done times (perf_counter ns) read out by one strided copy: the emitter needs
+    only those two per record (which step, exposed communication); the rest is read where
+    spans are built (nccl/rows.py)."""
+
+    _WORDS = RECORD.size // 8  # 8: t_issue is word 3, t_done word 4
+
+    def __init__(self) -> None:
+        self.raw = bytearray()
+        self.issue: list[int] = []
+        self.done: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.issue)
+
+    def add(self, data: bytes, since: int = 0) -> None:
+        """Records from :meth:`Plugin.read_raw`; those issued before ``since`` are dropped."""
+        if not data:
+            return
+        words = memoryview(data).cast("q")
+        issue = words[3::self._WORDS].tolist()
+        done = words[4::self._WORDS].tolist()
+        if issue and min(issue) < since:
+            keep = [i for i, t in enumerate(issue) if t >= since]
+            data = _select(data, keep)
+            issue = [issue[i] for i in keep]
+            done = [done[i] for i in keep]
+        self.raw += data
+        self.issue += issue
+        self.done += done
+
+    def take_before(self, end: int) -> tuple[bytes, list[int], list[int]]:
+        """Remove and return the records issued before ``end``: (bytes, issue, done)."""
+        issue = self.issue
+        if not issue:
+            return b"", [], []
+        if max(issue) < end:  # the usual case: all of them
+            out = (bytes(self.raw), issue, self.done)
+            self.raw, self.issue, self.done = bytearray(), [], []
+            return out
+        mine = [i for i, t in enumerate(issue) if t < end]
+        if not mine:
+            return b"", [], []
+        rest = [i for i, t in enumerate(issue) if t >= end]
+        done = self.done
+        out = (_select(self.raw, mine), [issue[i] for i in mine], [done[i] for i in mine])
+        self.raw = bytearray(_select(self.raw, rest))
+        self.issue = [issue[i] for i in rest]
+        self.done = [done[i] for i in rest]
+        return out
+
+    def take_all(self) -> bytes:
+        out = bytes(self.raw)
+        self.raw, self.issue, self.done = bytearray(), [], []
+        return out
+
+
+def _select(data: bytes | bytearray, indexes: list[int]) -> bytes:
+    size = RECORD.size
+    return b"".join([data[i * size:(i + 1) * size] for i in indexes])
+
+
+def comms_of(data: bytes) -> dict[int, int]:
+    """Communicator hash -> its ranks, of the records in ``data``."""
+    out: dict[int, int] = {}
+    words = memoryview(data).cast("Q")
+    for i, comm in enumerate(words[0::RECORD.size // 8].tolist()):
+        if comm not in out:
+            out[comm] = int.from_bytes(data[i * RECORD.size + 62:i * RECORD.size + 64],
+                                       "little")
+    return out
+

@@ -24,13 +24,14 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <time.h>
 
-#define OTP_VERSION 2
+#define OTP_VERSION 3
 
 /* ---- NCCL's ABI (profiler_v5.h, profiler.h of NCCL 2.28.9) ---------------------------- */
 typedef int ncclResult_t; /* ncclSuccess = 0 */
@@ -370,109 +371,139 @@ static void op_timed_locked(otp_op* op, otp_launch* l) {
 }
 
 
+/* Per stream, the last launch completed there and its end on the host clock: the next one's
+ * end is chained from it. A stream is completed by one thread at a time (busy). */
+#define OTP_STREAMS 64
+static struct { CUstream stream; int64_t done; otp_launch* last; int busy; } g_ends[OTP_STREAMS];
+static int g_nends;                   /* under g_launch_lock */
+static _Atomic uint64_t g_by_enqueuer; /* launches completed on the enqueuing thread */
+
+/* Complete the finished launches of one stream, oldest first and in order, up to the first
+ * that is not finished (a stream runs its kernels in order), stopping at `before` (a launch
+ * just made, not finished). The calling thread has the launches' CUDA context current.
+ * A stream another thread is completing is left to it. Returns how many were completed.
+ *
+ * Who calls it: the thread that enqueues a collective, for the earlier launches on the same
+ * stream, right after launching its kernel (launch_stop); and the poller, every
+ * OTEL_TRAIN_NCCL_POLL_MS, for what no later launch picked up. The driver calls cost a
+ * quarter of a microsecond on the enqueuing thread, which holds the driver's locks anyway,
+ * and ten times that on another thread that has to wait for them while the training thread
+ * launches kernels (bench/nccl/driver_calls.c, docs/overhead.md). */
+static int harvest(CUstream stream, otp_launch* before) {
+  otp_launch* batch[64];
+  int n = 0, k = 0;
+  pthread_mutex_lock(&g_launch_lock);
+  while (k < g_nends && g_ends[k].stream != stream) k++;
+  if (k == g_nends) {
+    if (g_nends == OTP_STREAMS) k = -1; /* more streams than slots: not chained */
+    else {
+      g_ends[k].stream = stream;
+      g_ends[k].last = NULL;
+      g_ends[k].done = 0;
+      g_ends[k].busy = 0;
+      g_nends++;
+    }
+  }
+  if (k >= 0 && g_ends[k].busy) {
+    pthread_mutex_unlock(&g_launch_lock);
+    return 0;
+  }
+  for (otp_launch* l = g_pending_head; l != NULL && l != before && n < 64; l = l->next)
+    if (l->stream == stream) {
+      l->refs++;
+      batch[n++] = l;
+    }
+  if (n == 0) {
+    pthread_mutex_unlock(&g_launch_lock);
+    return 0;
+  }
+  if (k >= 0) g_ends[k].busy = 1;
+  pthread_mutex_unlock(&g_launch_lock);
+  /* many pending: if the newest is done, all are (one query instead of one each) */
+  int all = n > 2 && cu.event_query(batch[n - 1]->ev1) != 600;
+  int64_t now = 0;
+  int completed = 0;
+  for (int i = 0; i < n; i++) {
+    otp_launch* l = batch[i];
+    if (!all && cu.event_query(l->ev1) == 600) break; /* not yet, nor any later one */
+    float ms = 0;
+    uint64_t gpu_ns = 0;
+    if (cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
+      gpu_ns = (uint64_t)((double)ms * 1e6);
+    if (now == 0) now = now_ns();
+    /* When it ended, on the host's clock. Its GPU start is the stream's previous end plus
+     * the GPU's idle gap between the two (events: exact, dependency waits included); it
+     * cannot have ended before its launch plus its GPU time (which re-anchors the chain
+     * whenever it launched into an idle stream), nor after this thread saw it. */
+    int64_t done = l->t_launch + (int64_t)gpu_ns;
+    if (k >= 0 && g_ends[k].last != NULL && gpu_ns) {
+      float gap_ms = 0;
+      if (cu.event_elapsed(&gap_ms, g_ends[k].last->ev1, l->ev0) == 0 && gap_ms >= 0) {
+        int64_t chained = g_ends[k].done + (int64_t)((double)gap_ms * 1e6) + (int64_t)gpu_ns;
+        if (chained > done) done = chained;
+      }
+    }
+    if (done > now || gpu_ns == 0) done = now;
+    pthread_mutex_lock(&g_launch_lock);
+    if (k >= 0) {
+      if (g_ends[k].last != NULL) launch_release_locked(g_ends[k].last);
+      l->refs++; /* kept until the stream's next kernel is done: its end event anchors it */
+      g_ends[k].last = l;
+      g_ends[k].done = done;
+    }
+    l->done = 1;
+    l->gpu_ns = gpu_ns;
+    l->t_done = done;
+    for (otp_op* op = l->ops; op != NULL;) {
+      otp_op* next = op->lnext;
+      op_timed_locked(op, l);
+      release(op); /* the launch's reference */
+      op = next;
+    }
+    l->ops = NULL;
+    /* off the pending list */
+    otp_launch** pp = &g_pending_head;
+    otp_launch* prev = NULL;
+    while (*pp != NULL && *pp != l) { prev = *pp; pp = &(*pp)->next; }
+    if (*pp == l) {
+      *pp = l->next;
+      if (g_pending_tail == l) g_pending_tail = prev;
+      launch_release_locked(l); /* the pending list's */
+    }
+    pthread_mutex_unlock(&g_launch_lock);
+    completed++;
+  }
+  pthread_mutex_lock(&g_launch_lock);
+  for (int i = 0; i < n; i++) launch_release_locked(batch[i]);
+  if (k >= 0) g_ends[k].busy = 0;
+  pthread_mutex_unlock(&g_launch_lock);
+  return completed;
+}
+
 static void* poller(void* arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "otel-nccl-poll");
   CUcontext current = NULL;
-  /* per stream, the last kernel seen done there and its estimated end (host clock) */
-  struct { CUstream stream; int64_t done; otp_launch* last; } ends[16];
-  int nends = 0;
   for (;;) {
     pthread_mutex_lock(&g_launch_lock);
     while (g_pending_head == NULL) pthread_cond_wait(&g_launch_cond, &g_launch_lock);
-    /* query without the lock: take references to what is pending (oldest first) */
-    otp_launch* batch[256];
-    int n = 0;
-    for (otp_launch* l = g_pending_head; l != NULL && n < 256; l = l->next) {
-      l->refs++;
-      batch[n++] = l;
+    /* the streams with launches pending, and their contexts */
+    struct { CUstream stream; CUcontext ctx; } streams[OTP_STREAMS];
+    int ns = 0;
+    for (otp_launch* l = g_pending_head; l != NULL && ns < OTP_STREAMS; l = l->next) {
+      int j = 0;
+      while (j < ns && streams[j].stream != l->stream) j++;
+      if (j == ns) {
+        streams[ns].stream = l->stream;
+        streams[ns++].ctx = l->ctx;
+      }
     }
     pthread_mutex_unlock(&g_launch_lock);
-    /* A stream runs its kernels in order: if its newest pending launch is done, all are;
-     * else walk from its oldest until one is not. One query per stream per pass, mostly. */
-    char ready[256];
-    memset(ready, 0, sizeof ready);
-    for (int i = 0; i < n; i++) {
-      otp_launch* l = batch[i];
-      int first = 1;
-      for (int j = 0; j < i; j++) first &= batch[j]->stream != l->stream;
-      if (!first) continue;
-      int newest = i;
-      for (int j = i + 1; j < n; j++)
-        if (batch[j]->stream == l->stream) newest = j;
-      if (l->ctx != current && cu.ctx_set(l->ctx) == 0) current = l->ctx;
-      if (cu.event_query(batch[newest]->ev1) != 600) {
-        for (int j = i; j <= newest; j++) ready[j] = batch[j]->stream == l->stream;
-        continue;
-      }
-      for (int j = i; j < newest; j++) {
-        if (batch[j]->stream != l->stream) continue;
-        if (cu.event_query(batch[j]->ev1) == 600) break;
-        ready[j] = 1;
-      }
-    }
-    int64_t now = 0;
-    for (int i = 0; i < n; i++) {
-      otp_launch* l = batch[i];
-      if (!ready[i]) continue; /* not yet */
-      if (l->ctx != current && cu.ctx_set(l->ctx) == 0) current = l->ctx;
-      float ms = 0;
-      uint64_t gpu_ns = 0;
-      if (cu.event_elapsed(&ms, l->ev0, l->ev1) == 0 && ms >= 0)
-        gpu_ns = (uint64_t)((double)ms * 1e6);
-      if (now == 0) now = now_ns();
-      /* When it ended, on the host's clock. Its GPU start is the stream's previous end plus
-       * the GPU's idle gap between the two (events: exact, dependency waits included); it
-       * cannot have ended before its launch plus its GPU time (which re-anchors the chain
-       * whenever it launched into an idle stream), nor after the poll saw it. */
-      int k = 0;
-      while (k < nends && ends[k].stream != l->stream) k++;
-      int64_t done = l->t_launch + (int64_t)gpu_ns;
-      if (k < nends && ends[k].last != NULL && gpu_ns) {
-        float gap_ms = 0;
-        if (cu.event_elapsed(&gap_ms, ends[k].last->ev1, l->ev0) == 0 && gap_ms >= 0) {
-          int64_t chained = ends[k].done + (int64_t)((double)gap_ms * 1e6) + (int64_t)gpu_ns;
-          if (chained > done) done = chained;
-        }
-      }
-      if (done > now || gpu_ns == 0) done = now;
-      if (k == nends && nends < 16) {
-        ends[k].stream = l->stream;
-        ends[k].last = NULL;
-        nends++;
-      }
-      if (k < 16) {
-        pthread_mutex_lock(&g_launch_lock);
-        if (ends[k].last != NULL) launch_release_locked(ends[k].last);
-        l->refs++; /* kept until the stream's next kernel is done: its end event anchors it */
-        ends[k].last = l;
-        pthread_mutex_unlock(&g_launch_lock);
-        ends[k].done = done;
-      }
-      pthread_mutex_lock(&g_launch_lock);
-      l->done = 1;
-      l->gpu_ns = gpu_ns;
-      l->t_done = done;
-      for (otp_op* op = l->ops; op != NULL;) {
-        otp_op* next = op->lnext;
-        op_timed_locked(op, l);
-        release(op); /* the launch's reference */
-        op = next;
-      }
-      l->ops = NULL;
-      /* off the pending list */
-      otp_launch** pp = &g_pending_head;
-      otp_launch* prev = NULL;
-      while (*pp != NULL && *pp != l) { prev = *pp; pp = &(*pp)->next; }
-      if (*pp == l) {
-        *pp = l->next;
-        if (g_pending_tail == l) g_pending_tail = prev;
-        launch_release_locked(l); /* the pending list's */
-      }
-      pthread_mutex_unlock(&g_launch_lock);
+    for (int j = 0; j < ns; j++) {
+      if (streams[j].ctx != current && cu.ctx_set(streams[j].ctx) == 0) current = streams[j].ctx;
+      harvest(streams[j].stream, NULL);
     }
     pthread_mutex_lock(&g_launch_lock);
-    for (int i = 0; i < n; i++) launch_release_locked(batch[i]);
     int more = g_pending_head != NULL;
     pthread_mutex_unlock(&g_launch_lock);
     atomic_fetch_add_explicit(&g_polls, 1, memory_order_relaxed);
@@ -541,7 +572,13 @@ static void launch_stop(otp_launch* l) {
   }
   launch_release_locked(l); /* NCCL's handle */
   pthread_mutex_unlock(&g_launch_lock);
-  if (ok) pthread_once(&g_poller_once, start_poller);
+  if (ok) {
+    pthread_once(&g_poller_once, start_poller);
+    /* the earlier launches on this stream that have finished, here and now (cheap on this
+     * thread, see harvest()) */
+    int n = harvest(l->stream, l);
+    if (n > 0) atomic_fetch_add_explicit(&g_by_enqueuer, (uint64_t)n, memory_order_relaxed);
+  }
 }
 
 /* NCCL starts a plan's tasks right after launching its kernel, on the same thread: the
@@ -602,7 +639,9 @@ static ncclResult_t otp_start(void* context, void** handle, ncclProfilerEventDes
   *handle = NULL;
   if (context == NULL || d == NULL) return 0;
   if (d->type == ncclProfileColl || d->type == ncclProfileP2p) {
-    otp_op* op = (otp_op*)calloc(1, sizeof(otp_op));
+    /* timed by events, an operation has no kernel channels: 2 KiB less to clear */
+    pthread_once(&g_mode_once, read_mode);
+    otp_op* op = (otp_op*)calloc(1, g_mode_events ? offsetof(otp_op, ch) : sizeof(otp_op));
     atomic_fetch_add_explicit(&g_ops, 1, memory_order_relaxed);
     if (op == NULL) {
       atomic_fetch_add_explicit(&g_dropped, 1, memory_order_relaxed);
@@ -780,16 +819,18 @@ __attribute__((visibility("default"))) uint64_t otel_train_nccl_in_flight(otp_re
 }
 
 /* Totals since the plugin was loaded: tasks started, records written, overwritten, not
- * recorded (allocation failed), without GPU timing, poller passes, timing mode (1 events). */
-__attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out7) {
-  out7[0] = atomic_load(&g_ops);
-  out7[1] = atomic_load(&g_head);
+ * recorded (allocation failed), without GPU timing, poller passes, timing mode (1 events),
+ * kernel launches completed on the enqueuing thread (the rest by the poller). */
+__attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out8) {
+  out8[0] = atomic_load(&g_ops);
+  out8[1] = atomic_load(&g_head);
   pthread_mutex_lock(&g_read_lock);
-  out7[2] = g_lost;
+  out8[2] = g_lost;
   pthread_mutex_unlock(&g_read_lock);
-  out7[3] = atomic_load(&g_dropped);
-  out7[4] = atomic_load(&g_untimed);
-  out7[5] = atomic_load(&g_polls);
+  out8[3] = atomic_load(&g_dropped);
+  out8[4] = atomic_load(&g_untimed);
+  out8[5] = atomic_load(&g_polls);
   pthread_once(&g_mode_once, read_mode);
-  out7[6] = (uint64_t)g_mode_events;
+  out8[6] = (uint64_t)g_mode_events;
+  out8[7] = atomic_load(&g_by_enqueuer);
 }

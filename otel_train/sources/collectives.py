@@ -27,7 +27,6 @@ from otel_train.export import collective_rows
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
-from otel_train.nccl import rows as nccl_rows
 from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.recorder import EVENT
 from otel_train.sources import collectives_capture as capture_mod
@@ -192,8 +191,8 @@ class Ledger:
             if self.plugin is not None:
                 self._fallback, self.flight_recorder = self.flight_recorder, None
                 self.plugin.read()  # what came before instrumentation belongs to no step
-        self._rows: list[tuple[int, ...]] = []
-        self._rows_for_steps: dict[int, list[tuple[int, ...]]] = {}
+        self._rows = nccl.Records()  # the plugin's records not yet given to a step
+        self._rows_for_steps: dict[int, bytes] = {}
         self._clear_before = 0  # perf ns before which every plugin operation has finished
         self._plugin_read_at = 0
         self._stalled: dict[tuple[int, int, int], tuple[int, int, float]] = {}
@@ -386,10 +385,9 @@ class Ledger:
         assert plugin is not None
         self._plugin_read_at = now = time.perf_counter_ns()
         n, oldest = plugin.in_flight()
-        rows, lost = plugin.read()
-        if rows:
-            since = self._since
-            self._rows.extend(r for r in rows if r[3] >= since)
+        data, lost = plugin.read_raw()
+        if data:
+            self._rows.add(data, self._since)
             self._plugin_confirmed = True
         if lost:
             self._count_lost(lost)
@@ -511,16 +509,13 @@ class Ledger:
         """The step's NCCL operations (issued before its end): exposed communication here,
         spans and points where spans are built (on_step)."""
         lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
-        rows = self._rows
-        if not rows:
+        if not self._rows:
             return
-        mine = [r for r in rows if r[3] < hi]
+        mine, issue, done = self._rows.take_before(hi)
         if not mine:
             return
-        self._rows = [r for r in rows if r[3] >= hi] if len(mine) < len(rows) else []
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
-        exposed, total = cmath.exposed_and_total([(r[3], r[4]) for r in mine], [], compute,
-                                                 lo, hi)
+        exposed, total = cmath.exposed_and_total(list(zip(issue, done)), [], compute, lo, hi)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:
@@ -531,17 +526,14 @@ class Ledger:
         rows = self._rows_for_steps.pop(info.step, None)
         if not rows:
             return
-        groups = {}
-        for r in rows:
-            if r[0] not in groups:
-                groups[r[0]] = self._group(r[0], r[13])
+        groups = {comm: self._group(comm, nranks)
+                  for comm, nranks in nccl.comms_of(rows).items()}
         stalled = {k: v for k, v in self._stalled.items() if k[0] in groups}
         spec = StepSpec(
             info.step, info.sampled, self.summary, ctx_tuple(info.rank_step_context),
             [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
             self.offset, self.base, groups, stalled)
-        self.emitter.collectives(spec, nccl_rows.pack(rows), self.duration.record,
-                                 self.size.add)
+        self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
 
     def on_step(self, info: Any) -> None:
         if self._rows_for_steps:
@@ -585,8 +577,9 @@ class Ledger:
                                      self.duration.record, self.size.add)
         self.finished = []
         if self._rows:  # NCCL operations after the last step: points, no spans
-            rows, self._rows = self._rows, []
-            groups = {r[0]: self._group(r[0], r[13]) for r in rows}
+            rows = self._rows.take_all()
+            groups = {comm: self._group(comm, nranks)
+                      for comm, nranks in nccl.comms_of(rows).items()}
             spec = StepSpec(self.emitter.steps_emitted, False, self.summary, (0, 0, 0, False),
                             [], self.offset, self.base, groups, {})
             self.emitter.collectives(spec, rows, self.duration.record, self.size.add)

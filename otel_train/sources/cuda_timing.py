@@ -121,6 +121,8 @@ class CudaTimingSource:
         self._open: tuple[Any, int] | None = None
         self._pending: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
         self._seen_done: dict[int, int] = {}  # step -> wall ns its events were first seen done
+        #: step -> its events' GPU ns after its first event, (begin, end) per phase
+        self._relative: dict[int, list[tuple[float, float]]] = {}
         self._orphans: list[Any] = []
         self.failures = 0
         self.tracker: Any = None
@@ -189,37 +191,52 @@ class CudaTimingSource:
         self._pending[payload[0]].append(payload)
 
     def _ready(self, step: int) -> bool:
+        """Have the step's events completed? Then their GPU times, relative to the step's
+        first event, are read now (kept for ``_before_step``). Few driver calls: each costs
+        ~3 us on this thread while the training thread launches kernels (the driver's lock;
+        bench/nccl/driver_calls.c): one query of the step's last event, then one
+        ``elapsed_time`` per other event, which fails rather than waits on an event not yet
+        complete (phases run on several streams)."""
         self._recycle_orphans()
         if step in self._seen_done:
             return True
         entries = self._pending.get(step)
         if not entries:
             return True
-        for entry in entries:
-            if not (entry[4].query() and entry[3].query()):
-                return False
+        if not entries[-1][4].query():
+            return False
+        first = entries[0][3]
+        try:
+            rel = [(0.0 if begin is first else first.elapsed_time(begin) * 1e6,
+                    first.elapsed_time(end) * 1e6) for *_, begin, end, _, _ in entries]
+        except RuntimeError:  # an event on another stream is not done yet
+            return False
         self._seen_done[step] = time.time_ns()
+        self._relative[step] = rel
         return True
 
     def _before_step(self, info: Any) -> None:
         entries = self._pending.pop(info.step, [])
         seen = self._seen_done.pop(info.step, None)
+        rel = self._relative.pop(info.step, None)
         for stale in [s for s in self._pending if s < info.step]:
             self._orphans.extend(e for entry in self._pending.pop(stale) for e in entry[3:5])
+            self._relative.pop(stale, None)
         if not entries:
             return
-        if seen is None:  # released unresolved (too many steps held): host times only
+        if seen is None or rel is None:  # released unresolved (too many held): host times
             self._orphans.extend(e for entry in entries for e in entry[3:5])
             return
         try:
-            self._resolve(info, entries, seen)
+            self._resolve(info, entries, seen, rel)
         finally:
             for entry in entries:
                 for event in entry[3:5]:
                     if event is not self.clock.ref:
                         self.pool.give(event)
 
-    def _resolve(self, info: Any, entries: list[tuple[Any, ...]], seen_wall: int) -> None:
+    def _resolve(self, info: Any, entries: list[tuple[Any, ...]], seen_wall: int,
+                 rel: list[tuple[float, float]]) -> None:
         wall = self.emitter.wall
         first = entries[0][3]
         old_ref = self.clock.ref
@@ -227,10 +244,9 @@ class CudaTimingSource:
         if old_ref is not None and old_ref is not first:
             self.pool.give(old_ref)
         times = []  # (phase, span id, gpu begin, gpu end, host begin, host end) ns
-        for _, phase, span_id, begin, end, h_begin, h_end in entries:
-            g_begin = base + first.elapsed_time(begin) * 1e6
-            g_end = base + first.elapsed_time(end) * 1e6
-            times.append((phase, span_id, g_begin, g_end, wall(h_begin), wall(h_end)))
+        for (_, phase, span_id, _, _, h_begin, h_end), (r_begin, r_end) in zip(entries, rel):
+            times.append((phase, span_id, base + r_begin, base + r_end, wall(h_begin),
+                          wall(h_end)))
         lower = max(max(t[4] - t[2], t[5] - t[3]) for t in times)
         upper = seen_wall - max(t[3] for t in times)
         offset = self.clock.update(lower, upper)
