@@ -20,6 +20,11 @@ for run in ${RUNS:-a1 b a2}; do
   # b<ms>: the plugin with its poller's interval at <ms> (OTEL_TRAIN_NCCL_POLL_MS)
   if [ -n "${run#b}" ] && [ "${run#b}" -eq "${run#b}" ] 2>/dev/null; then
     export OTEL_TRAIN_NCCL_POLL_MS=${run#b}; else unset OTEL_TRAIN_NCCL_POLL_MS; fi
+  # bnh: the plugin with every launch left to its poller (OTEL_TRAIN_NCCL_HARVEST=0, the
+  # design before launches were completed on the enqueuing thread); every b run times the
+  # plugin's callbacks in situ (OTEL_TRAIN_NCCL_SELF_TIME=1, run.py's otel-nccl-enqueue)
+  if [ "$run" = bnh ]; then export OTEL_TRAIN_NCCL_HARVEST=0; else unset OTEL_TRAIN_NCCL_HARVEST; fi
+  if [ "${run#b}" != "$run" ]; then export OTEL_TRAIN_NCCL_SELF_TIME=1; else unset OTEL_TRAIN_NCCL_SELF_TIME; fi
   echo "== $run NCCL_PROFILER_PLUGIN=${NCCL_PROFILER_PLUGIN:-unset} $(date +%T)"
   timeout ${RUN_TIMEOUT:-170} torchrun --standalone --nproc-per-node $NGPU bench/multigpu/run.py \
     --out $OUT/$run ${RUN_ARGS:---modes cost --cost-arms default --cost-repeats 2} 2>&1 \
@@ -44,6 +49,9 @@ for run in sorted(p.name for p in out.iterdir() if p.is_dir()):
 print("\n".join(lines))
 PY
 for run in $(ls $OUT | grep '^b'); do
-  python3 bench/multigpu/verdict.py $OUT/$run --baseline $OUT/a1 --out $OUT/verdict-b-vs-a1.md | tail -4
-  python3 bench/multigpu/verdict.py $OUT/$run --baseline $OUT/a2 --out $OUT/verdict-b-vs-a2.md | tail -2
+  for base in a1 a2; do
+    [ -d $OUT/$base ] || continue
+    python3 bench/multigpu/verdict.py $OUT/$run --baseline $OUT/$base \
+      --out $OUT/verdict-$run-vs-$base.md | tail -3
+  done
 done

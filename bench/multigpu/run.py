@@ -506,6 +506,19 @@ def newest_nccl_record() -> int | None:
         return None
 
 
+_PLUGIN: list[Any] = []
+
+
+def _plugin() -> Any:
+    """otel-train's NCCL plugin as NCCL loaded it, when it times itself; else None."""
+    if not _PLUGIN:
+        from otel_train import nccl
+
+        plugin = nccl.loaded() if os.environ.get("OTEL_TRAIN_NCCL_SELF_TIME") == "1" else None
+        _PLUGIN.append(plugin)
+    return _PLUGIN[0]
+
+
 def cpu_snapshot() -> dict[str, Any]:
     """CPU seconds of this process, of its waited-for children and of each live thread
     (by Python thread name where it has one, else the kernel's), and the wall clock."""
@@ -531,6 +544,10 @@ def cpu_snapshot() -> dict[str, Any]:
             continue
         name = names.get(int(task.name), comm)
         threads[name] = threads.get(name, 0.0) + seconds
+    plugin = _plugin()
+    if plugin is not None:  # in situ, with OTEL_TRAIN_NCCL_SELF_TIME=1: a part of the
+        # enqueuing threads' CPU (MainThread, autograd), counted apart as otel-train's
+        threads["otel-nccl-enqueue"] = plugin.self_time()["callbacks_ns"] / 1e9
     return {"self": me.ru_utime + me.ru_stime, "children": kids.ru_utime + kids.ru_stime,
             "wall": time.perf_counter(), "threads": threads, "gc": GC.snapshot()}
 

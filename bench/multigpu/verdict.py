@@ -35,7 +35,11 @@ import overhead_stats as stats  # noqa: E402
 
 OUR_THREADS = ("otel-train-emitter", "OtelBatchSpanRecordProcessor",
                "OtelBatchLogRecordProcessor", "OtelPeriodicExportingMetricReader",
-               "otel-nccl-poll")  # the last: the NCCL plugin's CUDA-event poller (C)
+               "otel-nccl-poll",  # the NCCL plugin's CUDA-event poller (C)
+               "otel-nccl-enqueue")  # its callbacks on NCCL's enqueuing threads, in situ
+#: with OTEL_TRAIN_NCCL_SELF_TIME=1 the plugin's callbacks are timed where they run (run.py
+#: counts them as this pseudo-thread, out of MainThread's and autograd's CPU)
+IN_SITU = "otel-nccl-enqueue"
 TRAINING_THREADS = ("MainThread",)  # and pt_autograd_*: the training's own work
 TARGETS = [stats.Target("ratio", "<=", 1.005, "step-time ratio (median of rounds)"),
            stats.Target("us_per_collective", "<=", 5.0, "otel-train CPU per collective", "us"),
@@ -75,7 +79,14 @@ def rank_figures(doc: dict[str, Any], arm: str, plugin: dict[str, Any] | None = 
         ours = sum(v for k, v in per[arm]["threads_s"].items() if k in OUR_THREADS)
         step_s = statistics.median(per["bare"]["wall_s"])
         colls = cost.get("nccl_collectives_per_step")
-        if plugin is not None and colls:
+        in_situ = per[arm]["threads_s"].get(IN_SITU)
+        if in_situ and colls:
+            lines.append(f"NCCL plugin's callbacks on the enqueuing threads, timed in situ "
+                         f"(OTEL_TRAIN_NCCL_SELF_TIME=1): {1e3 * in_situ:.3f} ms per step, "
+                         f"{1e9 * in_situ / colls:.0f} ns per collective (counted in the "
+                         f"exact figure; bench/nccl/plugin_cost.c, not added: "
+                         f"{json.dumps(plugin)})")
+        elif plugin is not None and colls:
             # the plugin's C work on the enqueuing thread (and NCCL's proxy thread with
             # kernel timing); its poller thread is counted above, by thread
             per_ns = (plugin["enqueue_thread_ns"] + plugin.get("read_ns", 0.0)

@@ -169,6 +169,15 @@ class Plugin:
         n = self._lib.otel_train_nccl_in_flight(self._one)
         return n, (RECORD.unpack(self._one.raw) if n else None)
 
+    def self_time(self) -> dict[str, int]:
+        """With ``OTEL_TRAIN_NCCL_SELF_TIME=1`` (a measurement switch, read when NCCL loads
+        the plugin): thread CPU ns spent in the plugin's callbacks on NCCL's enqueuing
+        threads, how many callbacks, and the ns of those spent completing earlier launches.
+        Zeros without the switch."""
+        out = (ctypes.c_uint64 * 3)()
+        self._lib.otel_train_nccl_self_time(out)
+        return {"callbacks_ns": out[0], "callbacks": out[1], "harvest_ns": out[2]}
+
     def comms(self) -> dict[int, tuple[str, int, int]]:
         """Communicators NCCL initialised with the plugin: hash -> (name, nranks, rank)."""
         n = self._lib.otel_train_nccl_comms(self._comms, 256)

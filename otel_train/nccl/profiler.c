@@ -164,6 +164,12 @@ static otp_comm g_comms[OTP_MAX_COMMS];
 static _Atomic int g_ncomms;
 static pthread_mutex_t g_comm_lock = PTHREAD_MUTEX_INITIALIZER;
 
+static int64_t self_cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -279,9 +285,21 @@ static pthread_once_t g_mode_once = PTHREAD_ONCE_INIT;
  * on when the pass sees it (it is chained on the GPU's clock, see poller()). */
 static int64_t g_poll_ns = 25000000;
 
+/* Measurement switches (bench/multigpu): OTEL_TRAIN_NCCL_SELF_TIME=1 adds up the thread CPU
+ * spent in this plugin's callbacks on NCCL's enqueuing threads (two CPU-clock reads per
+ * callback, ~0.2 us each, partly counted); OTEL_TRAIN_NCCL_HARVEST=0 leaves every launch to
+ * the poller (the design before launches were completed on the enqueuing thread). */
+static int g_self_time = 0;
+static int g_harvest_on_enqueue = 1;
+static _Atomic uint64_t g_cb_ns, g_cb_n, g_harvest_enqueue_ns;
+
 static void read_mode(void) {
   const char* m = getenv("OTEL_TRAIN_NCCL_TIMING");
   g_mode_events = !(m != NULL && strcmp(m, "kernel") == 0);
+  const char* st = getenv("OTEL_TRAIN_NCCL_SELF_TIME");
+  g_self_time = st != NULL && strcmp(st, "1") == 0;
+  const char* hv = getenv("OTEL_TRAIN_NCCL_HARVEST");
+  g_harvest_on_enqueue = !(hv != NULL && strcmp(hv, "0") == 0);
   const char* p = getenv("OTEL_TRAIN_NCCL_POLL_MS");
   if (p != NULL) {
     long ms = strtol(p, NULL, 10);
@@ -574,10 +592,15 @@ static void launch_stop(otp_launch* l) {
   pthread_mutex_unlock(&g_launch_lock);
   if (ok) {
     pthread_once(&g_poller_once, start_poller);
+    if (!g_harvest_on_enqueue) return;
     /* the earlier launches on this stream that have finished, here and now (cheap on this
      * thread, see harvest()) */
+    int64_t t0 = g_self_time ? self_cpu_ns() : 0;
     int n = harvest(l->stream, l);
     if (n > 0) atomic_fetch_add_explicit(&g_by_enqueuer, (uint64_t)n, memory_order_relaxed);
+    if (g_self_time)
+      atomic_fetch_add_explicit(&g_harvest_enqueue_ns, (uint64_t)(self_cpu_ns() - t0),
+                                memory_order_relaxed);
   }
 }
 
@@ -635,7 +658,7 @@ static ncclResult_t otp_init(void** context, uint64_t commId, int* mask, const c
   return 0;
 }
 
-static ncclResult_t otp_start(void* context, void** handle, ncclProfilerEventDescr_v5_t* d) {
+static ncclResult_t otp_start_(void* context, void** handle, ncclProfilerEventDescr_v5_t* d) {
   *handle = NULL;
   if (context == NULL || d == NULL) return 0;
   if (d->type == ncclProfileColl || d->type == ncclProfileP2p) {
@@ -724,7 +747,7 @@ static ncclResult_t otp_record_state(void* handle, int state,
   return 0;
 }
 
-static ncclResult_t otp_stop(void* handle) {
+static ncclResult_t otp_stop_(void* handle) {
   if (handle == NULL) return 0;
   uint64_t type = *(uint64_t*)handle;
   if (type == ncclProfileKernelCh) {
@@ -753,6 +776,28 @@ static ncclResult_t otp_stop(void* handle) {
     release(op);
   }
   return 0;
+}
+
+/* the callbacks NCCL calls, timed when OTEL_TRAIN_NCCL_SELF_TIME=1 (kernel-channel events run
+ * on NCCL's proxy thread: not counted as the enqueuing thread's) */
+static ncclResult_t otp_start(void* context, void** handle, ncclProfilerEventDescr_v5_t* d) {
+  if (!g_self_time || d == NULL || d->type == ncclProfileKernelCh)
+    return otp_start_(context, handle, d);
+  int64_t t0 = self_cpu_ns();
+  ncclResult_t r = otp_start_(context, handle, d);
+  atomic_fetch_add_explicit(&g_cb_ns, (uint64_t)(self_cpu_ns() - t0), memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_cb_n, 1, memory_order_relaxed);
+  return r;
+}
+
+static ncclResult_t otp_stop(void* handle) {
+  if (!g_self_time || handle == NULL || *(uint64_t*)handle == ncclProfileKernelCh)
+    return otp_stop_(handle);
+  int64_t t0 = self_cpu_ns();
+  ncclResult_t r = otp_stop_(handle);
+  atomic_fetch_add_explicit(&g_cb_ns, (uint64_t)(self_cpu_ns() - t0), memory_order_relaxed);
+  atomic_fetch_add_explicit(&g_cb_n, 1, memory_order_relaxed);
+  return r;
 }
 
 static ncclResult_t otp_finalize(void* context) {
@@ -833,4 +878,12 @@ __attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out
   pthread_once(&g_mode_once, read_mode);
   out8[6] = (uint64_t)g_mode_events;
   out8[7] = atomic_load(&g_by_enqueuer);
+}
+
+/* With OTEL_TRAIN_NCCL_SELF_TIME=1: thread CPU ns in the callbacks on NCCL's enqueuing
+ * threads (harvests included), callbacks made, ns of those in harvest(). Zeros otherwise. */
+__attribute__((visibility("default"))) void otel_train_nccl_self_time(uint64_t* out3) {
+  out3[0] = atomic_load(&g_cb_ns);
+  out3[1] = atomic_load(&g_cb_n);
+  out3[2] = atomic_load(&g_harvest_enqueue_ns);
 }
