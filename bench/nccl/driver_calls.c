@@ -129,6 +129,34 @@ int main(void) {
   cuStreamSynchronize(stream);
   TIME("cuEventQuery_done", cuEventQuery(ev_t[i % NEV]), 0);
   TIME("cuEventElapsedTime_done", cuEventElapsedTime(&ms, ev_t[i % NEV], ev_t[(i + 1) % NEV]); sink = ms, 0);
+  /* fresh events, as the plugin reads them: each pair recorded once, then read once (a
+   * query, its duration, the gap from the previous pair's end) */
+  {
+    double tq = 0, te = 0, cq = 0, ce = 0;
+    int pairs = 0;
+    for (int r = 0; r < N / (NEV / 2); r++) {
+      for (int i = 0; i < NEV; i++) cuEventRecord(ev_t[i], stream);
+      cuStreamSynchronize(stream);
+      for (int i = 0; i < NEV; i += 2) {
+        double c0 = cpu_ns();
+        cuEventQuery(ev_t[i + 1]);
+        double c1 = cpu_ns();
+        cuEventElapsedTime(&ms, ev_t[i], ev_t[i + 1]);
+        if (i > 0) cuEventElapsedTime(&ms, ev_t[i - 1], ev_t[i]);
+        double c2 = cpu_ns();
+        sink = ms;
+        tq += c1 - c0;
+        te += c2 - c1;
+        pairs++;
+      }
+    }
+    double clk = 0;
+    { double c0 = cpu_ns(); for (int i = 0; i < 100000; i++) cpu_ns(); clk = (cpu_ns() - c0) / 100000; }
+    cq = tq / pairs - clk;
+    ce = (te / pairs - clk) / 2;
+    out("cuEventQuery_fresh", cq, 0, 0);
+    out("cuEventElapsedTime_fresh", ce, 0, 0);
+  }
   /* a busy stream: 1 MiB memsets between records, as kernels run between NCCL launches */
   {
     double c0 = cpu_ns(), w0 = wall_ns(), cm = 0;

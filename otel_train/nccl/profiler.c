@@ -287,10 +287,12 @@ static int64_t g_poll_ns = 25000000;
 
 /* Measurement switches (bench/multigpu): OTEL_TRAIN_NCCL_SELF_TIME=1 adds up the thread CPU
  * spent in this plugin's callbacks on NCCL's enqueuing threads (two CPU-clock reads per
- * callback, ~0.2 us each, partly counted); OTEL_TRAIN_NCCL_HARVEST=0 leaves every launch to
- * the poller (the design before launches were completed on the enqueuing thread). */
+ * callback, ~0.2 us each, partly counted); OTEL_TRAIN_NCCL_HARVEST=1 completes finished
+ * launches on the enqueuing thread too, not only on the poller. Measured on 2 x H200 (call
+ * 22, docs/overhead.md): the poller saved 0.6 ms a rank-step, the training threads paid 1.0
+ * ms more (the driver's event calls cost as much there as on the poller), so it is off. */
 static int g_self_time = 0;
-static int g_harvest_on_enqueue = 1;
+static int g_harvest_on_enqueue = 0;
 static _Atomic uint64_t g_cb_ns, g_cb_n, g_harvest_enqueue_ns;
 
 static void read_mode(void) {
@@ -299,7 +301,7 @@ static void read_mode(void) {
   const char* st = getenv("OTEL_TRAIN_NCCL_SELF_TIME");
   g_self_time = st != NULL && strcmp(st, "1") == 0;
   const char* hv = getenv("OTEL_TRAIN_NCCL_HARVEST");
-  g_harvest_on_enqueue = !(hv != NULL && strcmp(hv, "0") == 0);
+  g_harvest_on_enqueue = hv != NULL && strcmp(hv, "1") == 0;
   const char* p = getenv("OTEL_TRAIN_NCCL_POLL_MS");
   if (p != NULL) {
     long ms = strtol(p, NULL, 10);
@@ -401,12 +403,13 @@ static _Atomic uint64_t g_by_enqueuer; /* launches completed on the enqueuing th
  * just made, not finished). The calling thread has the launches' CUDA context current.
  * A stream another thread is completing is left to it. Returns how many were completed.
  *
- * Who calls it: the thread that enqueues a collective, for the earlier launches on the same
- * stream, right after launching its kernel (launch_stop); and the poller, every
- * OTEL_TRAIN_NCCL_POLL_MS, for what no later launch picked up. The driver calls cost a
- * quarter of a microsecond on the enqueuing thread, which holds the driver's locks anyway,
- * and ten times that on another thread that has to wait for them while the training thread
- * launches kernels (bench/nccl/driver_calls.c, docs/overhead.md). */
+ * Who calls it: the poller, every OTEL_TRAIN_NCCL_POLL_MS; with OTEL_TRAIN_NCCL_HARVEST=1
+ * also the thread that enqueues a collective, for the earlier launches on the same stream,
+ * right after launching its kernel (launch_stop). On one H200 host the driver's event calls
+ * cost ~0.25 us there and ~3 us on a thread that waits for the driver's lock while the
+ * training thread records events; on the 2 x H200 host they cost 1.3-2.8 us on any thread,
+ * and completing on the enqueuing thread added 13 us per collective to the training threads
+ * (bench/nccl/driver_calls.c, docs/overhead.md "The plugin's floor"). */
 static int harvest(CUstream stream, otp_launch* before) {
   otp_launch* batch[64];
   int n = 0, k = 0;
@@ -593,8 +596,7 @@ static void launch_stop(otp_launch* l) {
   if (ok) {
     pthread_once(&g_poller_once, start_poller);
     if (!g_harvest_on_enqueue) return;
-    /* the earlier launches on this stream that have finished, here and now (cheap on this
-     * thread, see harvest()) */
+    /* the earlier launches on this stream that have finished, here and now (harvest()) */
     int64_t t0 = g_self_time ? self_cpu_ns() : 0;
     int n = harvest(l->stream, l);
     if (n > 0) atomic_fetch_add_explicit(&g_by_enqueuer, (uint64_t)n, memory_order_relaxed);
