@@ -181,3 +181,9 @@ def test_recording_rules_evaluate_on_native_histograms(native: Run, record: str)
               if r["metric"].get(sc.PROM_RUN_LABEL) == native.run_id]
     assert result, f"{record} is empty on native histograms"
     assert all(float(r["value"][1]) >= 0 for r in result), result
+
+
+def test_every_rule_expression_evaluates_on_native_histograms(native: Run) -> None:
+    groups = yaml.safe_load((PROMETHEUS_DIR / "rules.yml").read_text())["groups"]
+    for rule in (r for g in groups for r in g["rules"]):
+        native.prometheus.query(rule["expr"])  # asserts status "success": no error
