@@ -38,6 +38,8 @@ from pipeline_fixtures import (
 )
 
 from otel_train import semconv as sc
+from otel_train.check.model import PASS
+from otel_train.check.prometheus import check_prometheus
 
 pytestmark = pytest.mark.slow
 
@@ -136,9 +138,10 @@ def _assert_within_budget(run: Run, kind: str) -> None:
     per_rank = run.per_rank()
     print(f"\nseries per rank ({kind}, {RANKS} gloo ranks, {STEPS} steps, remote write): "
           f"{dict(sorted(per_rank.items()))}")
-    assert set(per_rank) == {str(r) for r in range(RANKS)}, per_rank
+    names = Counter((s.get(sc.PROM_RANK_LABEL, "none"), s["__name__"]) for s in run.series())
+    assert set(per_rank) == {str(r) for r in range(RANKS)}, (per_rank, names)
     assert max(per_rank.values()) <= BUDGET_PER_RANK, \
-        f"{kind}: {per_rank} series per rank, budget {BUDGET_PER_RANK}"
+        f"{kind}: {per_rank} series per rank, budget {BUDGET_PER_RANK}: {names}"
 
 
 def test_native_histograms_keep_every_rank_within_the_series_budget(native: Run) -> None:
@@ -187,3 +190,11 @@ def test_every_rule_expression_evaluates_on_native_histograms(native: Run) -> No
     groups = yaml.safe_load((PROMETHEUS_DIR / "rules.yml").read_text())["groups"]
     for rule in (r for g in groups for r in g["rules"]):
         native.prometheus.query(rule["expr"])  # asserts status "success": no error
+
+
+def test_otel_train_check_passes_on_native_histograms(native: Run) -> None:
+    results = {r.id: r for r in check_prometheus(native.prometheus.url, native.run_id)}
+    for item in ("exemplars", "per_rank_metrics", "telemetry_complete"):
+        assert results[item].status == PASS, (item, results[item].evidence)
+    assert results["per_rank_metrics"].evidence == \
+        f"{sc.PROM_STEP_DURATION} series for ranks {list(range(RANKS))}"
