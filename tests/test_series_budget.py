@@ -198,3 +198,21 @@ def test_otel_train_check_passes_on_native_histograms(native: Run) -> None:
         assert results[item].status == PASS, (item, results[item].evidence)
     assert results["per_rank_metrics"].evidence == \
         f"{sc.PROM_STEP_DURATION} series for ranks {list(range(RANKS))}"
+
+
+def test_dashboard_queries_evaluate_on_native_histograms(native: Run) -> None:
+    sys.path.insert(0, str(REPO_ROOT / "dashboards"))
+    from otel_dashboards import queries
+
+    values = {"run_id": native.run_id, "rank": ".*", "world_size": str(RANKS),
+              "backend": ".*", "namespace": ".*", "pod": ".*", "service": "otel-train",
+              "link_peak_gbps": "450", "stall_threshold": "1s", "rule_group": ".*",
+              "__rate_interval": "2m", "__interval": "30s", "__range": "30m"}
+    found = [(q.id, queries.interpolate(q.text, values)) for q in queries.queries()
+             if q.lang == "promql"]
+    empty = []
+    for qid, expr in found:
+        result = native.prometheus.query(expr)  # asserts status "success": no error
+        if not result and (sc.PROM_STEP_DURATION in expr or sc.PROM_PHASE_DURATION in expr):
+            empty.append(qid)
+    assert found and empty == [], empty
