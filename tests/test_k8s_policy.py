@@ -354,18 +354,16 @@ def test_training_containers_send_otlp_to_their_nodes_agent():
         assert env_value(container, "OTEL_TRACES_SAMPLER")
 
 
-def test_training_containers_expose_one_metrics_port_per_local_rank_for_the_pod_monitor():
-    monitor = one(render("base"), "PodMonitor", "otel-train-ranks")
-    monitored = {e["port"] for e in monitor["spec"]["podMetricsEndpoints"]}
-    for name, template, container in training_containers():
-        assert template["metadata"]["labels"].items() >= monitor["spec"]["selector"][
-            "matchLabels"].items(), name
-        base_port = int(env_value(container, "OTEL_TRAIN_PROMETHEUS_PORT"))
-        assert env_value(container, "OTEL_TRAIN_PROMETHEUS_ADDR") == "0.0.0.0"
-        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-        gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
-        assert ports == {f"metrics-{r}": base_port + r for r in range(gpus)}, name
-        assert set(ports) <= monitored
+def test_training_containers_send_metrics_one_way_as_exponential_histograms():
+    # One ingestion path (docs/scaling.md): OTLP to the agent, remote write from the gateway;
+    # exponential histograms, which Prometheus stores as native histograms. No rank endpoint.
+    for name, _, container in training_containers():
+        env = env_of(container)
+        assert env_value(container, "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION") \
+            == "base2_exponential_bucket_histogram", name
+        assert "OTEL_TRAIN_PROMETHEUS_PORT" not in env, name
+        assert not [p for p in container.get("ports", ()) if p["name"].startswith("metrics-")]
+    assert not [o for o in render("base") if o["kind"] == "PodMonitor"]
 
 
 def test_pytorchjob_runs_torchrun_with_one_rank_per_gpu():

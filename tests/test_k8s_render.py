@@ -40,7 +40,7 @@ TOOLS_BIN = K8S / "tools" / ".bin"
 KUSTOMIZATIONS = ("base", "overlays/small", "overlays/large", "jobs/pytorchjob",
                   "jobs/indexed-job")
 INCLUDED = ("base/grafana", "jobs/common", "components/gateway-tls",
-            "components/kube-prometheus-stack")
+            "components/kube-prometheus-stack", "components/rank-endpoints")
 OBSERVABILITY = ("base", "overlays/small", "overlays/large")
 JOBS = ("jobs/pytorchjob", "jobs/indexed-job")
 # Oldest and newest Kubernetes minor versions the manifests are checked against.
@@ -164,9 +164,11 @@ def test_observability_overlays_hold_the_whole_path():
                          ("ClusterRoleBinding", "otel-train-otelcol-agent"),
                          ("NetworkPolicy", "otelcol-agent-ingress"),
                          ("NetworkPolicy", "otelcol-gateway-ingress"),
-                         ("PodMonitor", "otel-train-ranks"), ("ServiceMonitor", "otelcol"),
-                         ("PrometheusRule", "otel-train")]:
+                         ("ServiceMonitor", "otelcol"), ("PrometheusRule", "otel-train")]:
             assert expected in kinds, (kustomization, expected)
+        # one ingestion path for the ranks' metrics: remote write from the gateways, no
+        # PodMonitor on the ranks' own endpoints (k8s/components/rank-endpoints opts in)
+        assert "PodMonitor" not in {kind for kind, _ in kinds}, kustomization
 
 
 # --- core kinds against the Kubernetes schemas ------------------------------------------------
@@ -219,8 +221,8 @@ def test_custom_resources_decode_strictly_into_operator_types(kustomization):
 
 
 def test_crdcheck_rejects_a_misplaced_field():
-    monitor = one(render("base"), "PodMonitor", "otel-train-ranks")
-    monitor["spec"]["podMetricsEndpoints"][0]["scrapeInterval"] = "15s"  # not a field
+    monitor = one(render("base"), "ServiceMonitor", "otelcol")
+    monitor["spec"]["endpoints"][0]["scrapeInterval"] = "30s"  # not a field
     result = run_crdcheck(yaml.safe_dump(monitor))
     assert result.returncode == 1
     assert 'unknown field "scrapeInterval"' in result.stdout

@@ -52,10 +52,16 @@ def releases(text: str) -> dict[str, str | None]:
 def test_the_component_labels_exactly_the_objects_the_stack_s_prometheus_selects(tmp_path):
     labelled = releases(render_overlay(tmp_path, overlay_with_the_component()))
     monitoring = {k for k in labelled if k.split("/")[0] in MONITORING_KINDS}
-    assert monitoring == {"PodMonitor/otel-train-ranks", "ServiceMonitor/otelcol",
-                          "PrometheusRule/otel-train"}
+    assert monitoring == {"ServiceMonitor/otelcol", "PrometheusRule/otel-train"}
     assert {labelled[k] for k in monitoring} == {"kube-prometheus-stack"}
     assert [k for k in labelled if k not in monitoring and labelled[k]] == []
+
+
+def test_the_opt_in_rank_endpoints_get_the_release_label_when_listed_first(tmp_path):
+    text = overlay_with_the_component().replace(
+        "components:\n", "components:\n  - ../../k8s/components/rank-endpoints\n", 1)
+    labelled = releases(render_overlay(tmp_path, text))
+    assert labelled["PodMonitor/otel-train-ranks"] == "kube-prometheus-stack"
 
 
 def test_the_documented_patch_renames_the_release(tmp_path):
@@ -83,6 +89,8 @@ def test_the_documented_helm_values_enable_remote_write_and_exemplars():
     spec = values["prometheus"]["prometheusSpec"]
     assert spec["enableRemoteWriteReceiver"] is True
     assert "exemplar-storage" in spec["enableFeatures"]
+    # the ranks' exponential histograms arrive as native histograms (Prometheus < 3.8)
+    assert "native-histograms" in spec["enableFeatures"]
     assert spec["exemplars"]["maxSize"] > 0
 
 

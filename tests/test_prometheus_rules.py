@@ -138,7 +138,8 @@ def test_unit_tests_catch_a_stopped_reporting_alert_that_ignores_finished_runs(t
     output = _unit_tests_on_broken_copy(
         tmp_path, RULES,
         "          and on (training_run_id)\n"
-        "          max by (training_run_id) (training_step_duration_seconds_count)\n", "")
+        "          max by (training_run_id) (training_step_duration_seconds_count"
+        " or histogram_count(training_step_duration_seconds))\n", "")
     assert "run-done" in output
 
 

@@ -66,7 +66,7 @@ def _item_traces(board: dash.Dashboard) -> None:
             "the trace checks compare against.",
             [
                 kit.prom(
-                    f"count(count by ({names.RANK}) ({names.STEP}_count{RUN}))",
+                    f"count(count by ({names.RANK}) ({kit.either(names.STEP, 'count', RUN)}))",
                     "ranks",
                     instant=True,
                 )

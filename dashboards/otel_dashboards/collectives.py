@@ -19,7 +19,7 @@ def _variables(board: dash.Dashboard) -> None:
         dash.QueryVariable("backend")
         .label("Backend")
         .datasource(kit.PROMETHEUS)
-        .query(f"label_values({names.COLLECTIVE}_count{{{kit.RUN_MATCH}}}, {names.BACKEND})")
+        .query(f"label_values({kit.either(names.COLLECTIVE, 'count', '{' + kit.RUN_MATCH + '}')}, {names.BACKEND})")
         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .multi(True)
         .include_all(True)

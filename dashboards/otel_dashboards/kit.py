@@ -63,17 +63,46 @@ def _identity(metric: str) -> tuple[str, ...]:
 
 
 def dedup(expr: str, metric: str) -> str:
-    """One copy per series: a rank's series can arrive twice (its own endpoint and the
-    collector's exporter, differing only in job/instance), as prometheus/rules.yml notes."""
+    """The series' identity labels only (run, rank, phase/op/...): a result has the same
+    labels whichever path the series came by (job/instance differ), and an opt-in second
+    path (the ranks' own endpoints) cannot double it, as prometheus/rules.yml notes."""
     return f"max by ({', '.join(_identity(metric))}) ({expr})"
 
 
+#: histograms Prometheus may hold as native histograms (the default path) or classic ones
+HISTOGRAMS = (names.STEP, names.PHASE_DURATION, names.COLLECTIVE, names.COMPILE)
+
+
+def _native(metric: str) -> tuple[str, str] | None:
+    """(histogram, "sum"|"count") for the _sum/_count series of a contract histogram."""
+    base, _, suffix = metric.rpartition("_")
+    return (base, suffix) if suffix in ("sum", "count") and base in HISTOGRAMS else None
+
+
 def rate(metric: str, selector: str, window: str = "$__rate_interval", fn: str = "rate") -> str:
-    return dedup(f"{fn}({metric}{selector}[{window}])", metric)
+    """``fn`` of ``metric`` per series; a histogram's _sum/_count read a native histogram too
+    (``x_sum or histogram_sum(x)``): whichever form Prometheus holds answers."""
+    expr = f"{fn}({metric}{selector}[{window}])"
+    native = _native(metric)
+    if native:
+        expr += f" or histogram_{native[1]}({fn}({native[0]}{selector}[{window}]))"
+    return dedup(expr, metric)
 
 
 def gauge(metric: str, selector: str) -> str:
-    return dedup(f"{metric}{selector}", metric)
+    expr = f"{metric}{selector}"
+    native = _native(metric)
+    if native:
+        expr += f" or histogram_{native[1]}({native[0]}{selector})"
+    return dedup(expr, metric)
+
+
+def either(metric: str, suffix: str, selector: str = "{}") -> str:
+    """A series selector matching a histogram's classic ``_suffix`` series or its native
+    histogram (label_values and count by series, which take no functions)."""
+    matcher = f'__name__=~"{metric}(_{suffix})?"'
+    body = selector.strip()[1:-1].strip()
+    return "{" + ", ".join([matcher, body] if body else [matcher]) + "}"
 
 
 def quantile(
@@ -83,14 +112,19 @@ def quantile(
     by: Iterable[str] = (),
     window: str = "$__rate_interval",
 ) -> str:
-    """``histogram_quantile`` of a classic histogram, grouped by ``by`` besides ``le``."""
+    """``histogram_quantile`` grouped by ``by``: of the classic histogram (by ``le`` too), or
+    of the native one (``max`` ignores native histograms: they are summed as they are)."""
     grouping = ", ".join(["le", *by])
-    return f"histogram_quantile({phi}, sum by ({grouping}) ({rate(histogram + '_bucket', selector, window)}))"
+    classic = f"sum by ({grouping}) ({rate(histogram + '_bucket', selector, window)})"
+    native = f"sum by ({', '.join(by)}) (rate({histogram}{selector}[{window}]))" if by else \
+        f"sum(rate({histogram}{selector}[{window}]))"
+    return f"histogram_quantile({phi}, {classic} or {native})"
 
 
 def bucket_increase(histogram: str, selector: str) -> str:
     """Bucket increases per interval over the selection: the heatmap's cells."""
-    return f"sum by (le) ({rate(histogram + '_bucket', selector, fn='increase')})"
+    classic = f"sum by (le) ({rate(histogram + '_bucket', selector, fn='increase')})"
+    return f"{classic} or sum(increase({histogram}{selector}[$__rate_interval]))"
 
 
 def per_rank_quantile(
@@ -122,7 +156,7 @@ def run_variable() -> dash.QueryVariable:
         .label("Run id")
         .description("training_run_id label: the run every rank agreed on at start")
         .datasource(PROMETHEUS)
-        .query(f"label_values({names.STEP}_count, {names.RUN})")
+        .query(f"label_values({either(names.STEP, 'count')}, {names.RUN})")
         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(model.VariableSort.ALPHABETICAL_DESC)
     )
@@ -134,7 +168,7 @@ def rank_variable() -> dash.QueryVariable:
         .label("Rank")
         .description("training_rank label; All matches every rank of the run")
         .datasource(PROMETHEUS)
-        .query(f"label_values({names.STEP}_count{{{RUN_MATCH}}}, {names.RANK})")
+        .query(f"label_values({either(names.STEP, 'count', '{' + RUN_MATCH + '}')}, {names.RANK})")
         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .sort(model.VariableSort.NUMERICAL_ASC)
         .multi(True)
@@ -150,7 +184,7 @@ def world_size_variable() -> dash.QueryVariable:
         .label("World size")
         .description("Ranks reporting training_step_duration_seconds for the run")
         .datasource(PROMETHEUS)
-        .query(f"query_result(count(count by ({names.RANK}) ({names.STEP}_count{{{RUN_MATCH}}})))")
+        .query(f"query_result(count(count by ({names.RANK}) ({either(names.STEP, 'count', '{' + RUN_MATCH + '}')})))")
         .regex(r"/\}\s+([0-9]+)/")
         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
         .hide(model.VariableHide.HIDE_VARIABLE)

@@ -44,12 +44,20 @@ def _sel(run_id: str | None, extra: str = "") -> str:
     return "{" + ",".join(parts) + "}"
 
 
+def _histogram(suffix: str, run_id: str | None, extra: str = "") -> str:
+    """The step histogram's series whichever way Prometheus stores it: a native histogram
+    (one series, the contract's name) or a classic one (its ``_bucket``/``_count`` series).
+    """
+    name = f'__name__=~"{sc.PROM_STEP_DURATION}(_{suffix})?"'
+    return _sel(run_id, f"{extra},{name}" if extra else name)
+
+
 def _row(item: str, ok: bool, evidence: str, fix: str) -> CheckResult:
     return CheckResult(item, PASS if ok else FAIL, evidence, "" if ok else fix, SOURCE)
 
 
 def exemplars(api: PrometheusAPI, run_id: str | None) -> CheckResult:
-    series = api.exemplars(f"{sc.PROM_STEP_DURATION}_bucket{_sel(run_id)}")
+    series = api.exemplars(_histogram("bucket", run_id))
     found = [e for s in series for e in s.get("exemplars", ())]
     with_ids = [e for e in found if e.get("labels", {}).get("trace_id")]
     evidence = (f"{len(with_ids)} exemplars with a trace_id on {sc.PROM_STEP_DURATION} in "
@@ -65,18 +73,20 @@ def exemplars(api: PrometheusAPI, run_id: str | None) -> CheckResult:
 
 def live_exemplar_ids(base_url: str, run_id: str) -> set[tuple[str, str]]:
     """(trace id, span id) of run ``run_id``'s step-histogram exemplars in Prometheus."""
-    series = PrometheusAPI(base_url).exemplars(f"{sc.PROM_STEP_DURATION}_bucket{_sel(run_id)}")
+    series = PrometheusAPI(base_url).exemplars(_histogram("bucket", run_id))
     labels = [e.get("labels", {}) for s in series for e in s.get("exemplars", ())]
     return {(lb["trace_id"], lb.get("span_id", "")) for lb in labels if lb.get("trace_id")}
 
 
 def per_rank_metrics(api: PrometheusAPI, run_id: str | None) -> CheckResult:
-    count = f"{sc.PROM_STEP_DURATION}_count"
-    labeled = _sel(run_id, f'{sc.PROM_RANK_LABEL}!=""')
+    labeled = _histogram("count", run_id, f'{sc.PROM_RANK_LABEL}!=""')
     ranks = sorted(int(r["metric"][sc.PROM_RANK_LABEL]) for r in api.query(
-        f"count by ({sc.PROM_RANK_LABEL}) ({count}{labeled})"))
-    unlabeled_sel = _sel(run_id, f'{sc.PROM_RANK_LABEL}=""')
-    unlabeled = api.query(f"count({count}{unlabeled_sel})")
+        f"count by ({sc.PROM_RANK_LABEL}) ({labeled})"))
+    # the native histogram's own name, or the classic histogram's _count
+    names = sorted(r["metric"]["__name__"] for r in api.query(f"count by (__name__) ({labeled})"))
+    count = " and ".join(names) or f"{sc.PROM_STEP_DURATION}[_count]"
+    unlabeled_sel = _histogram("count", run_id, f'{sc.PROM_RANK_LABEL}=""')
+    unlabeled = api.query(f"count({unlabeled_sel})")
     ok = bool(ranks) and not unlabeled
     evidence = f"{count} series for ranks {ranks}" if ranks else f"no {count} series"
     if unlabeled:
