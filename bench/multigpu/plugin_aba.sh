@@ -21,9 +21,9 @@ for run in ${RUNS:-a1 b a2}; do
   if [ -n "${run#b}" ] && [ "${run#b}" -eq "${run#b}" ] 2>/dev/null; then
     export OTEL_TRAIN_NCCL_POLL_MS=${run#b}; else unset OTEL_TRAIN_NCCL_POLL_MS; fi
   # bh: the plugin completing finished launches on the enqueuing thread too
-  # (OTEL_TRAIN_NCCL_HARVEST=1; off by default since call 22); every b run times the plugin's
+  # (OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1; off by default since call 22); every b run times the plugin's
   # callbacks in situ (OTEL_TRAIN_NCCL_SELF_TIME=1, run.py's otel-nccl-enqueue)
-  if [ "$run" = bh ]; then export OTEL_TRAIN_NCCL_HARVEST=1; else unset OTEL_TRAIN_NCCL_HARVEST; fi
+  if [ "$run" = bh ]; then export OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1; else unset OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE; fi
   if [ "${run#b}" != "$run" ]; then export OTEL_TRAIN_NCCL_SELF_TIME=1; else unset OTEL_TRAIN_NCCL_SELF_TIME; fi
   echo "== $run NCCL_PROFILER_PLUGIN=${NCCL_PROFILER_PLUGIN:-unset} $(date +%T)"
   timeout ${RUN_TIMEOUT:-170} torchrun --standalone --nproc-per-node $NGPU bench/multigpu/run.py \

@@ -287,7 +287,7 @@ static int64_t g_poll_ns = 25000000;
 
 /* Measurement switches (bench/multigpu): OTEL_TRAIN_NCCL_SELF_TIME=1 adds up the thread CPU
  * spent in this plugin's callbacks on NCCL's enqueuing threads (two CPU-clock reads per
- * callback, ~0.2 us each, partly counted); OTEL_TRAIN_NCCL_HARVEST=1 completes finished
+ * callback, ~0.2 us each, partly counted); OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1 completes finished
  * launches on the enqueuing thread too, not only on the poller. Measured on 2 x H200 (call
  * 22, docs/overhead.md): the poller saved 0.6 ms a rank-step, the training threads paid 1.0
  * ms more (the driver's event calls cost as much there as on the poller), so it is off. */
@@ -300,7 +300,7 @@ static void read_mode(void) {
   g_mode_events = !(m != NULL && strcmp(m, "kernel") == 0);
   const char* st = getenv("OTEL_TRAIN_NCCL_SELF_TIME");
   g_self_time = st != NULL && strcmp(st, "1") == 0;
-  const char* hv = getenv("OTEL_TRAIN_NCCL_HARVEST");
+  const char* hv = getenv("OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE");
   g_harvest_on_enqueue = hv != NULL && strcmp(hv, "1") == 0;
   const char* p = getenv("OTEL_TRAIN_NCCL_POLL_MS");
   if (p != NULL) {
@@ -403,7 +403,7 @@ static _Atomic uint64_t g_by_enqueuer; /* launches completed on the enqueuing th
  * just made, not finished). The calling thread has the launches' CUDA context current.
  * A stream another thread is completing is left to it. Returns how many were completed.
  *
- * Who calls it: the poller, every OTEL_TRAIN_NCCL_POLL_MS; with OTEL_TRAIN_NCCL_HARVEST=1
+ * Who calls it: the poller, every OTEL_TRAIN_NCCL_POLL_MS; with OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1
  * also the thread that enqueues a collective, for the earlier launches on the same stream,
  * right after launching its kernel (launch_stop). On one H200 host the driver's event calls
  * cost ~0.25 us there and ~3 us on a thread that waits for the driver's lock while the
