@@ -138,6 +138,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="raw numbers (default: --out with .json)")
     parser.add_argument("--render", type=Path, default=None, metavar="JSON",
                         help="measure nothing: print (and write --out) the report of a saved JSON")
+    parser.add_argument("--parts", type=int, default=None, metavar="STEPS",
+                        help="measure only the emitter thread's CPU by part over one "
+                             "instrumented block of STEPS steps (bench/emitter_parts.py); "
+                             "informational, no verdict")
     parser.add_argument("--blocks", type=int, default=8, help="fully_shard'ed blocks (>= 1)")
     parser.add_argument("--dim", type=int, default=64, help="model width (>= 8)")
     parser.add_argument("--batch", type=int, default=8, help="rows per rank-step (>= 1)")
@@ -179,6 +183,8 @@ def _resolve(args: argparse.Namespace) -> None:
         raise ValueError(f"need 1 <= --short < --long (got {p.short}, {p.long})")
     if p.rounds < 2 or p.repeats < 1 or p.block_steps < 1 or p.warmup < 0:
         raise ValueError("need --rounds >= 2, --repeats >= 1, --block-steps >= 1, --warmup >= 0")
+    if args.parts is not None and args.parts < 1:
+        raise ValueError("need --parts >= 1")
     if args.blocks < 1 or args.dim < 8 or args.batch < 1:
         raise ValueError("need --blocks >= 1, --dim >= 8, --batch >= 1")
     if args.json is None and args.out is not None:
@@ -475,6 +481,50 @@ def measure(job: Job, log: Any) -> dict[str, Any]:
             "ratio_blocks_ns": blocks, "ratio_blocks_cpu_ns": block_cpu}
 
 
+def measure_parts(job: Job, log: Any) -> dict[str, Any]:
+    """The emitter thread's CPU by part over one instrumented block (after a warm-up)."""
+    import emitter_parts
+
+    arm = job.args.arm_list[1]
+    with job.arm(arm):
+        job.steps(max(job.args.plan.warmup, 1))
+    collectives = job.count_collectives()
+    log(f"emitter by part: {job.args.parts} steps, arm {arm.name}")
+    with emitter_parts.timing_parts() as parts, job.arm(arm):
+        job.steps(job.args.parts)
+    return {"rank": job.rank, "collectives": collectives, "arm": arm.name,
+            "parts": emitter_parts.table(parts, job.args.parts)}
+
+
+def parts_report(args: argparse.Namespace) -> int:
+    """--parts: run, print and write (--out) the table per rank; exit 0."""
+    import torch.multiprocessing as mp
+
+    environment = stats.environment()
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-cpu-parts-") as work:
+        progress(f"spawning {WORLD} gloo ranks: the emitter by part over {args.parts} steps")
+        mp.spawn(rank_main, args=(args, _free_port(), work), nprocs=WORLD, join=True)
+        raw = [json.loads(Path(work, f"rank{r}.json").read_text()) for r in range(WORLD)]
+    import emitter_parts
+
+    out = [f"# The emitter thread by part, {WORLD} gloo ranks ({args.blocks} FSDP2 blocks)", "",
+           f"Command: `{' '.join([Path(sys.executable).name, *sys.argv])}`", "",
+           "Environment: " + ", ".join(f"{k} {v}" for k, v in environment.items()), "",
+           "Thread CPU of the emitter thread per rank-step, by part (bench/emitter_parts.py; "
+           "nested: emit_step includes the step listeners, pump everything). "
+           "Informational: no target.", ""]
+    for r in raw:
+        n = sum(r["collectives"].values())
+        out += [f"## rank {r['rank']} (arm {r['arm']}; {n} collectives a rank-step)", "",
+                "```", *emitter_parts.lines(r["parts"]), "```", ""]
+    text = "\n".join(out)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    return 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -493,7 +543,7 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, work: str) -> None
     log = progress if rank == 0 else (lambda message: None)
     try:
         job = Job(rank, args, Path(work) / "telemetry")
-        result = measure(job, log)
+        result = measure_parts(job, log) if args.parts else measure(job, log)
         Path(work, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
@@ -783,6 +833,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render:
         return show(json.loads(args.render.read_text()), args.out)
+    if args.parts:
+        return parts_report(args)
     t0 = time.monotonic()
     report = run(args)
     report["elapsed_s"] = round(time.monotonic() - t0, 1)

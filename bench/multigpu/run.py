@@ -375,59 +375,12 @@ class Trainer:
         sources register, the step records, the send to the exporter; one block of
         ``--cost-long`` steps. Nested parts: ``emit_step`` includes the step listeners and
         ``pump`` everything."""
-        from otel_train import emitter as emitter_mod
-        from otel_train.export import remote
+        import emitter_parts
 
-        parts: dict[str, list[int]] = {}
-
-        def timed(name: str, fn: Any) -> Any:
-            def wrapper(*args: Any, **kwargs: Any) -> Any:
-                t0 = time.thread_time_ns()
-                try:
-                    return fn(*args, **kwargs)
-                finally:
-                    entry = parts.setdefault(name, [0, 0])
-                    entry[0] += time.thread_time_ns() - t0
-                    entry[1] += 1
-            return wrapper
-
-        def label(kind: str, fn: Any) -> str:
-            return f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
-
-        cls = emitter_mod.Emitter
-        saved = {name: getattr(cls, name) for name in
-                 ("before_step", "on_step", "on_tick", "on_event", "hold_steps", "pump",
-                  "_emit_step", "_emit_log", "_release_steps", "report_drops",
-                  "report_internal_errors")}
-        saved_commit = remote.RemotePipeline.commit
-        cls.before_step = lambda em, fn: saved["before_step"](em, timed(label("before", fn), fn))
-        cls.on_step = lambda em, fn: saved["on_step"](em, timed(label("after", fn), fn))
-        cls.on_tick = lambda em, fn: saved["on_tick"](em, timed(label("tick", fn), fn))
-        cls.on_event = lambda em, src, fn: saved["on_event"](
-            em, src, timed(label(f"event {src}", fn), fn))
-        cls.hold_steps = lambda em, fn, *a, **k: saved["hold_steps"](
-            em, timed(label("gate", fn), fn), *a, **k)
-        cls.pump = timed("pump (all)", saved["pump"])
-        cls._release_steps = timed("release held steps (gates, emit_step)",
-                                   saved["_release_steps"])
-        cls.report_drops = timed("report drops", saved["report_drops"])
-        cls.report_internal_errors = timed("report internal errors",
-                                           saved["report_internal_errors"])
-        cls._emit_step = timed("emit_step (with listeners)", saved["_emit_step"])
-        cls._emit_log = timed("user log", saved["_emit_log"])
-        remote.RemotePipeline.commit = timed("commit (pickle, send)", saved_commit)
-        try:
-            with self.instrument("emitter-parts"):
-                per_step = self.block(0, self.args.cost_long)
-        finally:
-            for name, fn in saved.items():
-                setattr(cls, name, fn)
-            remote.RemotePipeline.commit = saved_commit
-        steps = self.args.cost_long
-        table = {name: {"us_per_step": ns / 1e3 / steps, "calls_per_step": n / steps}
-                 for name, (ns, n) in sorted(parts.items(), key=lambda kv: -kv[1][0])}
-        lines = [f"{v['us_per_step']:9.1f} us/step {v['calls_per_step']:7.2f} calls/step  {k}"
-                 for k, v in table.items()]
+        with emitter_parts.timing_parts() as parts, self.instrument("emitter-parts"):
+            per_step = self.block(0, self.args.cost_long)
+        table = emitter_parts.table(parts, self.args.cost_long)
+        lines = emitter_parts.lines(table)
         (self.out / f"emitter-parts-rank{self.rank}.txt").write_text("\n".join(lines) + "\n")
         return {"step_s": per_step, "parts": table}
 

@@ -1,0 +1,80 @@
+"""The emitter thread's CPU by part, for the overhead benchmarks (bench/multigpu/run.py
+``--modes emitter_parts``, bench/bench_overhead_cpu.py ``--parts``).
+
+While the context is open, every listener a source registers with the emitter (before and
+after a step, on each drain tick, per record, the step gates), the emitter's own steps (pump,
+release of held steps, emit_step, drop reports) and the send to the exporter process are
+wrapped to add their thread CPU time (``time.thread_time_ns``: exact, per thread) to a
+table. Nested parts: ``emit_step`` includes the step listeners, ``pump`` everything.
+Listeners are wrapped when registered: open the context before ``instrument()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+
+@contextlib.contextmanager
+def timing_parts() -> Iterator[dict[str, list[int]]]:
+    """Yields {part: [ns, calls]}, filled while the context is open."""
+    from otel_train import emitter as emitter_mod
+    from otel_train.export import remote
+
+    parts: dict[str, list[int]] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.thread_time_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                entry = parts.setdefault(name, [0, 0])
+                entry[0] += time.thread_time_ns() - t0
+                entry[1] += 1
+        return wrapper
+
+    def label(kind: str, fn: Any) -> str:
+        return f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
+
+    cls = emitter_mod.Emitter
+    saved = {name: getattr(cls, name) for name in
+             ("before_step", "on_step", "on_tick", "on_event", "hold_steps", "pump",
+              "_emit_step", "_emit_log", "_release_steps", "report_drops",
+              "report_internal_errors")}
+    saved_commit = remote.RemotePipeline.commit
+    cls.before_step = lambda em, fn: saved["before_step"](em, timed(label("before", fn), fn))
+    cls.on_step = lambda em, fn: saved["on_step"](em, timed(label("after", fn), fn))
+    cls.on_tick = lambda em, fn: saved["on_tick"](em, timed(label("tick", fn), fn))
+    cls.on_event = lambda em, src, fn: saved["on_event"](
+        em, src, timed(label(f"event {src}", fn), fn))
+    cls.hold_steps = lambda em, fn, *a, **k: saved["hold_steps"](
+        em, timed(label("gate", fn), fn), *a, **k)
+    cls.pump = timed("pump (all)", saved["pump"])
+    cls._release_steps = timed("release held steps (gates, emit_step)",
+                               saved["_release_steps"])
+    cls.report_drops = timed("report drops", saved["report_drops"])
+    cls.report_internal_errors = timed("report internal errors",
+                                       saved["report_internal_errors"])
+    cls._emit_step = timed("emit_step (with listeners)", saved["_emit_step"])
+    cls._emit_log = timed("user log", saved["_emit_log"])
+    remote.RemotePipeline.commit = timed("commit (pickle, send)", saved_commit)
+    try:
+        yield parts
+    finally:
+        for name, fn in saved.items():
+            setattr(cls, name, fn)
+        remote.RemotePipeline.commit = saved_commit
+
+
+def table(parts: dict[str, list[int]], steps: int) -> dict[str, dict[str, float]]:
+    """us and calls per step, dearest first."""
+    return {name: {"us_per_step": ns / 1e3 / steps, "calls_per_step": n / steps}
+            for name, (ns, n) in sorted(parts.items(), key=lambda kv: -kv[1][0])}
+
+
+def lines(rows: dict[str, dict[str, float]]) -> list[str]:
+    return [f"{v['us_per_step']:9.1f} us/step {v['calls_per_step']:7.2f} calls/step  {k}"
+            for k, v in rows.items()]
