@@ -10,8 +10,9 @@
  *   - "events" (needs a GPU): a kernel launch on a real CUDA stream (the plugin records its two
  *     events there; no kernel runs, so they complete at once), then the task's start and stop,
  *     on the enqueuing thread; the plugin's poller completes them on its own thread
- *     (poller_ns: its CPU per record), or with OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1 the enqueuing thread
- *     completes the earlier launches on its stream that have finished (completed_by_enqueuer).
+ *     (poller_ns: its CPU per record), or with OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1 the
+ *     enqueuing thread completes the earlier launches on its stream that have finished
+ *     (completed_by_enqueuer).
  *     Its "enqueue_thread_ns" is a microbenchmark: bench/multigpu's cost mode times the
  *     callbacks where NCCL calls them (OTEL_TRAIN_NCCL_SELF_TIME=1), which the verdict
  *     prefers.
