@@ -94,10 +94,12 @@ class Config:
     #: interpreter; False: on a thread of the training process (docs/overhead.md)
     export_process: bool = True
     #: NCCL: have instrument() name otel-train's NCCL profiler plugin in NCCL_PROFILER_PLUGIN
-    #: (built with the system's C compiler) when no NCCL communicator exists yet. Off by
-    #: default: NCCL's proxy thread then polls for kernel stamps, ~half a core per rank
-    #: (docs/collectives.md). A launcher that names the plugin itself gets it either way.
-    nccl_plugin: bool = False
+    #: (built with the system's C compiler) while NCCL can still load it. "auto" (default):
+    #: when NCCL is 2.28 or later, no NCCL operation has run yet and a C compiler is found,
+    #: else the flight recorder, quietly; True: also when that cannot be told, saying why not
+    #: where it fails; False: never (the flight recorder). A launcher that names the plugin
+    #: itself gets it either way (docs/collectives.md).
+    nccl_plugin: bool | str = "auto"
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -172,6 +174,10 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     return convert
 
 
+def _bool_or_auto(raw: str) -> bool | str:
+    return "auto" if raw.lower() == "auto" else _bool(raw)
+
+
 def _bool(raw: str) -> bool:
     lowered = raw.lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -229,8 +235,8 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
                                    f"one of {', '.join(COLLECTIVE_SPANS)}"),
         "export_process": _parse(env, "OTEL_TRAIN_EXPORT_PROCESS", _bool, d.export_process,
                                  "true or false"),
-        "nccl_plugin": _parse(env, "OTEL_TRAIN_NCCL_PLUGIN", _bool, d.nccl_plugin,
-                              "true or false"),
+        "nccl_plugin": _parse(env, "OTEL_TRAIN_NCCL_PLUGIN", _bool_or_auto, d.nccl_plugin,
+                              "auto, true or false"),
         "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
                               "true or false"),
         "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,

@@ -53,6 +53,7 @@ def test_arguments_override_the_environment():
     ("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", "0", "shutdown_timeout_s", 10.0),
     ("OTEL_TRACES_SAMPLER", "sometimes", "sampler_name", "parentbased_always_on"),
     ("OTEL_TRAIN_COLLECTIVE_SPANS", "some", "collective_spans", "all"),
+    ("OTEL_TRAIN_NCCL_PLUGIN", "sometimes", "nccl_plugin", "auto"),
 ])
 def test_a_bad_value_gives_one_warning_and_the_default(name, value, field, default):
     with pytest.warns(ConfigWarning) as caught:
@@ -83,3 +84,12 @@ def test_collective_span_mode_from_environment_and_argument():
     assert config.load({}, collective_spans="summary").collective_spans == "summary"
     with pytest.raises(ValueError, match="collective_spans must be one of all, summary"):
         config.load({}, collective_spans="few")
+
+
+def test_the_nccl_plugin_is_auto_by_default_and_can_be_forced_or_refused():
+    assert config.load({}).nccl_plugin == "auto"
+    assert config.load({"OTEL_TRAIN_NCCL_PLUGIN": "AUTO"}).nccl_plugin == "auto"
+    assert config.load({"OTEL_TRAIN_NCCL_PLUGIN": "1"}).nccl_plugin is True
+    assert config.load({"OTEL_TRAIN_NCCL_PLUGIN": "false"}).nccl_plugin is False
+    assert config.load({"OTEL_TRAIN_NCCL_PLUGIN": "1"}, nccl_plugin=False).nccl_plugin is False
+

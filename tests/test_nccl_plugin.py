@@ -303,3 +303,19 @@ def test_a_plugin_that_cannot_be_built_says_why(tmp_path, monkeypatch):
     from otel_train.cli import main
 
     assert main(["nccl-plugin"]) == 1
+
+
+def test_auto_names_the_plugin_only_where_nccl_surely_loads_it():
+    """``nccl_plugin="auto"`` (the default) names the plugin only with NCCL >= 2.28 and no
+    NCCL communicator made yet (none bound eagerly, no operation run, as the flight
+    recorder tells); otherwise the flight recorder stays the source, and the reason says
+    why. The decision is pure (sources/collectives.py); the GPU test runs it for real."""
+    from otel_train.sources.collectives import auto_declines
+
+    assert auto_declines((2, 28, 9), bound=False, ran=False) is None
+    assert auto_declines((2, 29, 0), bound=False, ran=False) is None
+    assert "older than 2.28" in auto_declines((2, 27, 7), bound=False, ran=False)
+    assert "unknown" in auto_declines(None, bound=False, ran=False)
+    assert "device_id" in auto_declines((2, 28, 9), bound=True, ran=False)
+    assert "ran before" in auto_declines((2, 28, 9), bound=False, ran=True)
+    assert "cannot tell" in auto_declines((2, 28, 9), bound=False, ran=None)

@@ -103,7 +103,7 @@ class CollectiveSource:
                           f"{torch.__version__}); not observed", ConfigWarning, stacklevel=4)
             return
         if ctx.config.nccl_plugin:
-            _name_the_plugin(ctx.log)
+            _name_the_plugin(ctx.log, auto=ctx.config.nccl_plugin == "auto")
         ledger = self.ledger = Ledger(ctx)
         cap = self.capture = Capture(ctx.recorder.put, ctx.tracker)
         if ledger.plugin is not None:
@@ -138,26 +138,81 @@ def _nccl_groups_bound() -> bool:
     return any(getattr(g, "bound_device_id", None) is not None for g in nccl_groups())
 
 
-def _name_the_plugin(log: Any) -> None:
+#: the plugin exports NCCL's ncclProfiler_v5 interface, which NCCL looks up from 2.28
+_MIN_NCCL = (2, 28)
+
+
+def _nccl_version() -> tuple[int, ...] | None:
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # no NCCL in this torch build
+        return None
+    return tuple(version) if isinstance(version, tuple) else None
+
+
+def _nccl_ran() -> bool | None:
+    """Has any NCCL operation run in this process (then NCCL has created a communicator,
+    tried to load a profiler plugin, and never tries again)? From the flight recorder's
+    entries; None when it cannot be told (no flight recorder)."""
+    from otel_train.sources.collectives_nccl import FlightRecorder
+
+    recorder = FlightRecorder(world_size=1)
+    if not recorder.available():
+        return None
+    recorder.baseline()
+    if recorder.errors:
+        return None
+    return recorder.highest is not None and recorder.highest >= 0
+
+
+def auto_declines(version: tuple[int, ...] | None, bound: bool, ran: bool | None
+                  ) -> str | None:
+    """Why ``nccl_plugin="auto"`` leaves NCCL to the flight recorder, or None to name the
+    plugin: NCCL too old for its interface, communicators made already (eagerly, or by an
+    operation that ran), or no way to tell."""
+    if version is None or version[:2] < _MIN_NCCL:
+        return (f"NCCL {'.'.join(map(str, version)) if version else 'unknown'} is older "
+                f"than {'.'.join(map(str, _MIN_NCCL))}")
+    if bound:
+        return "NCCL communicators existed before instrument() (init_process_group(device_id=...))"
+    if ran is None:
+        return "cannot tell whether NCCL made its communicators already (no flight recorder)"
+    if ran:
+        return "NCCL operations ran before instrument()"
+    return None
+
+
+def _name_the_plugin(log: Any, auto: bool = False) -> None:
     """Name otel-train's NCCL plugin in ``NCCL_PROFILER_PLUGIN`` while NCCL can still load it
-    (no NCCL communicator yet); built with the system's C compiler on first use."""
+    (no NCCL communicator yet); built with the system's C compiler on first use. ``auto``:
+    only where it surely loads (:func:`auto_declines`), and quietly otherwise: the flight
+    recorder is the source then, as it always was."""
     from otel_train.sources.collectives_nccl import nccl_groups
 
     if not nccl_groups() or nccl.ours(os.environ.get(nccl.ENV_NCCL)):
         return
+    hint = f"set {nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher"
     if os.environ.get(nccl.ENV_NCCL):
         log.info("otel_train.nccl_plugin", used=False,
                  reason=f"{nccl.ENV_NCCL} names another plugin")
         return
-    if _nccl_groups_bound():
+    if auto:
+        reason = auto_declines(_nccl_version(), _nccl_groups_bound(), _nccl_ran())
+        if reason is not None:
+            log.info("otel_train.nccl_plugin", used=False, reason=reason,
+                     source="nccl_flight_recorder", hint=hint)
+            return
+    elif _nccl_groups_bound():
         log.info("otel_train.nccl_plugin", used=False,
-                 reason="NCCL communicators existed before instrument(); set "
-                        f"{nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher")
+                 reason=f"NCCL communicators existed before instrument(); {hint}")
         return
     try:
-        nccl.name_to_nccl()
+        named = nccl.name_to_nccl()
     except nccl.PluginUnavailable as err:
-        log.warning("otel_train.nccl_plugin", used=False, reason=str(err))
+        (log.info if auto else log.warning)("otel_train.nccl_plugin", used=False,
+                                            reason=str(err), source="nccl_flight_recorder")
+        return
+    log.info("otel_train.nccl_plugin", used=True, named=named, auto=auto)
 
 
 class Ledger:
@@ -421,7 +476,8 @@ class Ledger:
             return
         self.log.warning("otel_train.nccl_plugin", used=False,
                          reason="NCCL ran collectives without loading the plugin (its "
-                                "communicator existed before instrument() named it); set "
+                                "communicator existed before instrument() named it, or this "
+                                "NCCL could not load it); set "
                                 f"{nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher",
                          fallback="nccl_flight_recorder")
         self.plugin, self.flight_recorder, self._fallback = None, fr, None

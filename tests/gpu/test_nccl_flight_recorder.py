@@ -42,6 +42,7 @@ def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_p
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")
     monkeypatch.setenv("OTEL_TRAIN_EMIT_INTERVAL_MS", "50")
+    monkeypatch.setenv("OTEL_TRAIN_NCCL_PLUGIN", "0")  # the flight recorder, not the plugin
     monkeypatch.setenv("OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S", "1")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

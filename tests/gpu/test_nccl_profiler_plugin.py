@@ -2,9 +2,11 @@
 record, the same count as torch's flight recorder saw, each a span with GPU-clock timing
 (on two or more GPUs, where NCCL runs kernels with channels), and nothing is lost.
 
-The launcher names the plugin (``NCCL_PROFILER_PLUGIN=$(otel-train nccl-plugin)``) before the
-process group exists, as docs/collectives.md says; the process group is created eagerly
-(``device_id``), which is what makes that necessary. Run on the GPU machine:
+Two ways the plugin gets named: by the launcher (``NCCL_PROFILER_PLUGIN=$(otel-train
+nccl-plugin)``) before the process group exists, as docs/collectives.md says, with the process
+group created eagerly (``device_id``), which is what makes that necessary; and by
+``instrument()`` itself (``nccl_plugin="auto"``, the default) when the process group is
+created lazily and no NCCL operation ran before it. Run on the GPU machine:
 ``pytest tests/gpu/test_nccl_profiler_plugin.py``.
 """
 
@@ -32,8 +34,13 @@ import otel_train
 out, steps, extra = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rank = int(os.environ["RANK"])
 torch.cuda.set_device(rank)
-dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024).cuda())
+lazy = os.environ.get("LAZY") == "1"  # no NCCL operation before instrument()
+if lazy:
+    dist.init_process_group("nccl")
+    model = torch.nn.Linear(512, 512).cuda()  # gradients all-reduced by hand below
+else:
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024).cuda())
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x = torch.ones(1 << 20, device="cuda")
 from torch._C import _distributed_c10d as c10d
@@ -41,13 +48,18 @@ def fr_ids():
     doc = pickle.loads(c10d._dump_nccl_trace(includeCollectives=True, includeStackTraces=False,
                                              onlyActive=False))
     return {e["record_id"] for e in doc.get("entries") or []}
-dist.barrier()
+if not lazy:
+    dist.barrier()
 torch.cuda.synchronize()
 before = fr_ids()
 with otel_train.instrument(model, optimizer=opt, output_dir=out) as inst:
     source = next(s for s in inst._sources if type(s).__name__ == "CollectiveSource")
     for _ in range(steps):
-        model(torch.randn(64, 1024, device="cuda")).square().mean().backward()
+        model(torch.randn(64, model.weight.shape[1] if lazy else 1024,
+                          device="cuda")).square().mean().backward()
+        if lazy:
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
         opt.step()
         opt.zero_grad()
         for _ in range(extra):
@@ -62,16 +74,22 @@ dist.destroy_process_group()
 """
 
 
-def test_every_nccl_collective_is_one_plugin_record_and_span(tmp_path):
+@pytest.mark.parametrize("named_by", ["launcher", "instrument"])
+def test_every_nccl_collective_is_one_plugin_record_and_span(tmp_path, named_by):
     sys.path.insert(0, str(REPO / "tests"))
     import otlp_files
 
     from otel_train import nccl, semconv
 
     world = min(2, torch.cuda.device_count())
-    env = {**os.environ, nccl.ENV_NCCL: str(nccl.plugin_path()),
-           "TORCH_NCCL_ENABLE_TIMING": "1", "OTEL_TRAIN_EMIT_INTERVAL_MS": "50",
+    env = {**os.environ, "TORCH_NCCL_ENABLE_TIMING": "1", "OTEL_TRAIN_EMIT_INTERVAL_MS": "50",
            "PYTHONPATH": f"{REPO}:{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("OTEL_TRAIN_NCCL_PLUGIN", None)  # the default: auto
+    if named_by == "launcher":
+        env[nccl.ENV_NCCL] = str(nccl.plugin_path())
+    else:
+        env.pop(nccl.ENV_NCCL, None)
+        env["LAZY"] = "1"
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     done = subprocess.run(

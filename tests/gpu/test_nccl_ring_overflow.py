@@ -65,6 +65,7 @@ def test_an_overflowing_ring_is_counted_never_a_stall(tmp_path):
     env.update(TORCH_FR_BUFFER_SIZE="64", TORCH_NCCL_TRACE_BUFFER_SIZE="64",
                TORCH_NCCL_ENABLE_TIMING="1", OTEL_TRAIN_EMIT_INTERVAL_MS="50",
                OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S="5", OTEL_TRAIN_STALL_TIMEOUT_S="1",
+               OTEL_TRAIN_NCCL_PLUGIN="0",  # the flight recorder's ring, not the plugin
                PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]))
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), str(STEPS),
                            str(PER_STEP)], env=env, capture_output=True, text=True, timeout=300)
