@@ -126,6 +126,8 @@ class Plugin:
         lib.otel_train_nccl_in_flight.argtypes = (ctypes.c_void_p,)
         lib.otel_train_nccl_comms.restype = ctypes.c_int
         lib.otel_train_nccl_totals.restype = None
+        lib.otel_train_nccl_complete.restype = ctypes.c_uint64
+        lib.otel_train_nccl_complete.argtypes = ()
         self._buf = ctypes.create_string_buffer(RECORD.size * _BATCH)
         self._view = memoryview(self._buf).cast("B")
         self._one = ctypes.create_string_buffer(RECORD.size)
@@ -162,6 +164,12 @@ class Plugin:
             if n < _BATCH:
                 break
         return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), lost
+
+    def complete(self) -> int:
+        """Complete, now and on this thread, every kernel launch that has finished on the
+        GPU (the poller's pass, without waiting for its next one; never waits for the GPU);
+        how many are still pending."""
+        return int(self._lib.otel_train_nccl_complete())
 
     def in_flight(self) -> tuple[int, tuple[int, ...] | None]:
         """How many operations are started and not finished, and the oldest one's record

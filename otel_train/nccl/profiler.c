@@ -402,12 +402,13 @@ static _Atomic uint64_t g_by_enqueuer; /* launches completed on the enqueuing th
 /* Complete the finished launches of one stream, oldest first and in order, up to the first
  * that is not finished (a stream runs its kernels in order), stopping at `before` (a launch
  * just made, not finished). The calling thread has the launches' CUDA context current.
- * A stream another thread is completing is left to it. Returns how many were completed.
+ * A stream another thread is completing is left to it (-1). Returns how many were completed.
  *
  * Who calls it: the poller, every OTEL_TRAIN_NCCL_POLL_MS; with
  * OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1 also the thread that enqueues a collective, for the
- * earlier launches on the same stream, right after launching its kernel (launch_stop). On one H200 host the driver's event calls
- * cost ~0.25 us there and ~3 us on a thread that waits for the driver's lock while the
+ * earlier launches on the same stream, right after launching its kernel (launch_stop); and
+ * otel_train_nccl_complete(), when instrumentation ends. On one H200 host the driver's event
+ * calls cost ~0.25 us there and ~3 us on a thread that waits for the driver's lock while the
  * training thread records events; on the 2 x H200 host they cost 1.3-2.8 us on any thread,
  * and completing on the enqueuing thread added 13 us per collective to the training threads
  * (bench/nccl/driver_calls.c, docs/overhead.md "The plugin's floor"). */
@@ -428,7 +429,7 @@ static int harvest(CUstream stream, otp_launch* before) {
   }
   if (k >= 0 && g_ends[k].busy) {
     pthread_mutex_unlock(&g_launch_lock);
-    return 0;
+    return -1; /* another thread is at it */
   }
   for (otp_launch* l = g_pending_head; l != NULL && l != before && n < 64; l = l->next)
     if (l->stream == stream) {
@@ -502,6 +503,29 @@ static int harvest(CUstream stream, otp_launch* before) {
   return completed;
 }
 
+/* One pass over every stream with launches pending: complete what has finished. Returns how
+ * many streams another thread was completing at that moment (left to it). */
+static int pass_all(CUcontext* current) {
+  struct { CUstream stream; CUcontext ctx; } streams[OTP_STREAMS];
+  int ns = 0, busy = 0;
+  pthread_mutex_lock(&g_launch_lock);
+  for (otp_launch* l = g_pending_head; l != NULL && ns < OTP_STREAMS; l = l->next) {
+    int j = 0;
+    while (j < ns && streams[j].stream != l->stream) j++;
+    if (j == ns) {
+      streams[ns].stream = l->stream;
+      streams[ns++].ctx = l->ctx;
+    }
+  }
+  pthread_mutex_unlock(&g_launch_lock);
+  for (int j = 0; j < ns; j++) {
+    if (streams[j].ctx != *current && cu.ctx_set(streams[j].ctx) == 0)
+      *current = streams[j].ctx;
+    busy += harvest(streams[j].stream, NULL) < 0;
+  }
+  return busy;
+}
+
 static void* poller(void* arg) {
   (void)arg;
   pthread_setname_np(pthread_self(), "otel-nccl-poll");
@@ -509,22 +533,8 @@ static void* poller(void* arg) {
   for (;;) {
     pthread_mutex_lock(&g_launch_lock);
     while (g_pending_head == NULL) pthread_cond_wait(&g_launch_cond, &g_launch_lock);
-    /* the streams with launches pending, and their contexts */
-    struct { CUstream stream; CUcontext ctx; } streams[OTP_STREAMS];
-    int ns = 0;
-    for (otp_launch* l = g_pending_head; l != NULL && ns < OTP_STREAMS; l = l->next) {
-      int j = 0;
-      while (j < ns && streams[j].stream != l->stream) j++;
-      if (j == ns) {
-        streams[ns].stream = l->stream;
-        streams[ns++].ctx = l->ctx;
-      }
-    }
     pthread_mutex_unlock(&g_launch_lock);
-    for (int j = 0; j < ns; j++) {
-      if (streams[j].ctx != current && cu.ctx_set(streams[j].ctx) == 0) current = streams[j].ctx;
-      harvest(streams[j].stream, NULL);
-    }
+    pass_all(&current);
     pthread_mutex_lock(&g_launch_lock);
     int more = g_pending_head != NULL;
     pthread_mutex_unlock(&g_launch_lock);
@@ -601,6 +611,7 @@ static void launch_stop(otp_launch* l) {
     int64_t t0 = g_self_time ? self_cpu_ns() : 0;
     int n = harvest(l->stream, l);
     if (n > 0) atomic_fetch_add_explicit(&g_by_enqueuer, (uint64_t)n, memory_order_relaxed);
+
     if (g_self_time)
       atomic_fetch_add_explicit(&g_harvest_enqueue_ns, (uint64_t)(self_cpu_ns() - t0),
                                 memory_order_relaxed);
@@ -853,6 +864,30 @@ __attribute__((visibility("default"))) int otel_train_nccl_read(otp_record* out,
   g_lost += lost_now;
   if (lost) *lost = lost_now;
   pthread_mutex_unlock(&g_read_lock);
+  return n;
+}
+
+/* Complete now, on the calling thread, every launch that has finished (a poller's pass
+ * without its wait): the reader calls it when instrumentation ends, so that the operations
+ * of the last moments, finished on the GPU, are read rather than left to the next poll.
+ * Never waits for the GPU; waits at most ~50 ms for a pass the poller is making. Returns
+ * the launches still pending. */
+__attribute__((visibility("default"))) uint64_t otel_train_nccl_complete(void) {
+  pthread_once(&g_cu_once, cu_load);
+  if (cu.ok) {
+    CUcontext saved = NULL, current = NULL;
+    cu.ctx_get(&saved);
+    current = saved;
+    for (int tries = 0; pass_all(&current) > 0 && tries < 50; tries++) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    if (current != saved) cu.ctx_set(saved); /* the caller's thread as it was */
+  }
+  uint64_t n = 0;
+  pthread_mutex_lock(&g_launch_lock);
+  for (otp_launch* l = g_pending_head; l != NULL; l = l->next) n++;
+  pthread_mutex_unlock(&g_launch_lock);
   return n;
 }
 

@@ -328,6 +328,10 @@ class Ledger:
                 coll.work = payload[2]
         elif kind == FLUSH:
             self._harvested_at = 0  # the last read is never skipped
+            if self.plugin is not None:
+                # what finished on the GPU since the poller's last pass: read it now, or the
+                # last operations would end unmeasured (the poller passes every 25 ms)
+                self.plugin.complete()
             self.tick()
             if self.plugin is not None:
                 self._plugin_flush()
