@@ -125,6 +125,8 @@ class Plugin:
         lib.otel_train_nccl_in_flight.restype = ctypes.c_uint64
         lib.otel_train_nccl_in_flight.argtypes = (ctypes.c_void_p,)
         lib.otel_train_nccl_comms.restype = ctypes.c_int
+        lib.otel_train_nccl_ncomms.restype = ctypes.c_int
+        lib.otel_train_nccl_ncomms.argtypes = ()
         lib.otel_train_nccl_totals.restype = None
         lib.otel_train_nccl_complete.restype = ctypes.c_uint64
         lib.otel_train_nccl_complete.argtypes = ()
@@ -185,6 +187,10 @@ class Plugin:
         out = (ctypes.c_uint64 * 3)()
         self._lib.otel_train_nccl_self_time(out)
         return {"callbacks_ns": out[0], "callbacks": out[1], "harvest_ns": out[2]}
+
+    def has_comms(self) -> bool:
+        """Has NCCL made a communicator with the plugin (one C call, no copy)?"""
+        return self._lib.otel_train_nccl_ncomms() > 0
 
     def comms(self) -> dict[int, tuple[str, int, int]]:
         """Communicators NCCL initialised with the plugin: hash -> (name, nranks, rank)."""

@@ -826,6 +826,10 @@ __attribute__((visibility("default"))) ncclProfiler_v5_t ncclProfiler_v5 = {
 /* ---- what otel-train's emitter reads (ctypes) ------------------------------------------- */
 __attribute__((visibility("default"))) int otel_train_nccl_version(void) { return OTP_VERSION; }
 
+__attribute__((visibility("default"))) int otel_train_nccl_ncomms(void) {
+  return atomic_load(&g_ncomms);
+}
+
 __attribute__((visibility("default"))) int otel_train_nccl_comms(otp_comm* out, int max) {
   int n = atomic_load(&g_ncomms);
   if (n > max) n = max;

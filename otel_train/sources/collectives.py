@@ -431,7 +431,11 @@ class Ledger:
         if self.plugin is None:
             return self.flight_recorder is None or self._read_since(step)
         if not self._plugin_confirmed:
-            return True  # no NCCL operation yet: nothing to wait for
+            # NCCL makes its communicator (and with it the plugin's) inside the first NCCL
+            # operation, before it returns: none yet, so nothing of this step to wait for
+            if not self.plugin.has_comms():
+                return True
+            self._plugin_confirmed = True
         if end_perf > self._clear_before and time.perf_counter_ns() - self._plugin_read_at > 5e6:
             self._plugin_read()  # asked again (the last pump): look again, cheaply
         return end_perf <= self._clear_before
