@@ -24,15 +24,19 @@ SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
 
 
 def build_report(run: Path, top: int = 10, timelines: int = 3,
-                 run_id: str | None = None) -> Report:
+                 run_id: str | None = None, workers: int | None = None) -> Report:
     """The report of the run directory ``run`` (or the newest run under it); ``run_id``
-    picks one run out of files that hold several (a collector's output)."""
+    picks one run out of files that hold several (a collector's output); ``workers``
+    processes read the traces files (None: one per CPU when the files are large; the
+    report is the same whatever the number)."""
     with paused_gc():
-        return _build(resolve_run_dir(run, run_id), top, timelines, run_id)
+        return _build(resolve_run_dir(run, run_id), top, timelines, run_id, workers)
 
 
-def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Report:
-    traces, metrics = read_traces(run_dir, run_id), read_metrics(run_dir, run_id)
+def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
+           workers: int | None) -> Report:
+    traces = read_traces(run_dir, run_id, workers)
+    metrics = read_metrics(run_dir, run_id)
     table = traces.table
     by_rank = st.rows_by_rank(table)
     durations = st.step_durations(table, traces.step_spans)

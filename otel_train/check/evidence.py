@@ -9,16 +9,21 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import (
     Span,
+    attribute,
     iter_log_records,
-    iter_spans,
+    iter_raw_spans,
+    links_of,
     paused_gc,
+    raw_attributes,
     signal_files,
 )
+from otel_train.analysis.parallel import map_files
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 
@@ -47,37 +52,88 @@ class TraceEvidence:
     traces_seen_of_targets: set[str] = field(default_factory=set)
 
     def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
-        self.spans += 1
         attrs = span.attributes
-        rank = attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK))
+        self._add(span.name, span.trace_id, span.span_id, span.parent_id, span.links,
+                  attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK)),
+                  attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
+                  attrs.get(sc.ATTR_STEP), targets, target_traces)
+
+    def add_raw(self, raw: dict[str, Any], resource: dict[str, Any],
+                targets: set[tuple[str, str]], target_traces: set[str]) -> None:
+        """:meth:`add` of a span as it is in the file (``iter_raw_spans``), decoding only
+        the three attributes read."""
+        attrs = raw_attributes(raw.get("attributes"))
+        name = raw.get("name", "")
+        self._add(name, raw.get("traceId", ""), raw.get("spanId", ""),
+                  raw.get("parentSpanId", "") or "",
+                  links_of(raw) if name == sc.SPAN_RUN else [],
+                  attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK)),
+                  attribute(attrs, sc.ATTR_WORLD_SIZE, resource.get(sc.RES_WORLD_SIZE)),
+                  attribute(attrs, sc.ATTR_STEP), targets, target_traces)
+
+    def _add(self, name: str, trace_id: str, span_id: str, parent_id: str,
+             links: list[tuple[str, str]], rank: Any, size: Any, step: Any,
+             targets: set[tuple[str, str]], target_traces: set[str]) -> None:
+        self.spans += 1
         if rank is not None:
             self.ranks.add(int(rank))
-        size = attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE))
         if size is not None:
             self.world_size = max(self.world_size, int(size))
-        if span.trace_id in target_traces:
-            self.traces_seen_of_targets.add(span.trace_id)
-            if (span.trace_id, span.span_id) in targets:
-                self.resolved.add((span.trace_id, span.span_id))
-        if span.name == sc.SPAN_RUN and rank is not None:
-            self.run_spans[int(rank)] = RunSpan(span.trace_id, span.parent_id, span.links)
-        step = attrs.get(sc.ATTR_STEP)
+        if trace_id in target_traces:
+            self.traces_seen_of_targets.add(trace_id)
+            if (trace_id, span_id) in targets:
+                self.resolved.add((trace_id, span_id))
+        if name == sc.SPAN_RUN and rank is not None:
+            self.run_spans[int(rank)] = RunSpan(trace_id, parent_id, links)
         if step is not None:
-            self._add_step_span(span, int(step), None if rank is None else int(rank))
+            self._add_step_span(name, trace_id, span_id, parent_id, int(step),
+                                None if rank is None else int(rank))
 
-    def _add_step_span(self, span: Span, step: int, rank: int | None) -> None:
-        if self.step_trace.setdefault(step, span.trace_id) != span.trace_id:
-            self.extra_traces[step].add(span.trace_id)
-        if span.name == sc.SPAN_STEP:
-            self.roots[step] = span.span_id
+    def _add_step_span(self, name: str, trace_id: str, span_id: str, parent_id: str,
+                       step: int, rank: int | None) -> None:
+        if self.step_trace.setdefault(step, trace_id) != trace_id:
+            self.extra_traces[step].add(trace_id)
+        if name == sc.SPAN_STEP:
+            self.roots[step] = span_id
             return
-        kind = "rank_step" if span.name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(span.name)
+        kind = "rank_step" if name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(name)
         if kind is None or rank is None:
             return
         if kind == "rank_step":
-            self.rank_step_parents[step].add(span.parent_id)
+            self.rank_step_parents[step].add(parent_id)
         self.rank_masks[(step, kind)] |= 1 << rank
         self.span_counts[(step, kind)] += 1
+
+    def merge(self, other: TraceEvidence) -> None:
+        """Take in the evidence of the next file: the same as reading its spans after
+        this evidence's."""
+        self.spans += other.spans
+        self.world_size = max(self.world_size, other.world_size)
+        self.ranks |= other.ranks
+        for step, first in other.step_trace.items():
+            mine = self.step_trace.setdefault(step, first)
+            seen = {first} | other.extra_traces.get(step, set())
+            if seen - {mine}:
+                self.extra_traces[step] |= seen - {mine}
+        self.roots.update(other.roots)
+        for step, parents in other.rank_step_parents.items():
+            self.rank_step_parents[step] |= parents
+        for key, mask in other.rank_masks.items():
+            self.rank_masks[key] |= mask
+        self.span_counts.update(other.span_counts)
+        self.run_spans.update(other.run_spans)
+        self.resolved |= other.resolved
+        self.traces_seen_of_targets |= other.traces_seen_of_targets
+
+
+def read_trace_file(path: Path, file_index: int, run_id: str | None,
+                    targets: set[tuple[str, str]], target_traces: set[str]) -> TraceEvidence:
+    """The evidence of one traces file (a worker's share of :func:`gather`)."""
+    evidence = TraceEvidence()
+    with paused_gc():
+        for _, raw, resource in iter_raw_spans(path, run_id):
+            evidence.add_raw(raw, resource, targets, target_traces)
+    return evidence
 
 
 @dataclass
@@ -113,21 +169,25 @@ class RunEvidence:
 
 
 def gather(run_dir: Path, run_id: str | None = None,
-           live_exemplars: frozenset[tuple[str, str]] = frozenset()) -> RunEvidence:
+           live_exemplars: frozenset[tuple[str, str]] = frozenset(),
+           workers: int | None = None) -> RunEvidence:
     """``live_exemplars``: (trace id, span id) of exemplars a live Prometheus holds for this
-    run, resolved against the files' spans in the same pass."""
+    run, resolved against the files' spans in the same pass; ``workers`` processes read the
+    traces files (None: one per CPU when the files are large; the evidence is the same
+    whatever the number)."""
     with paused_gc():
-        return _gather(run_dir, run_id, live_exemplars)
+        return _gather(run_dir, run_id, live_exemplars, workers)
 
 
-def _gather(run_dir: Path, run_id: str | None,
-            live_exemplars: frozenset[tuple[str, str]]) -> RunEvidence:
+def _gather(run_dir: Path, run_id: str | None, live_exemplars: frozenset[tuple[str, str]],
+            workers: int | None) -> RunEvidence:
     metrics = read_metrics(run_dir, run_id)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars} | live_exemplars
     target_traces = {t for t, _ in targets}
     traces = TraceEvidence()
-    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), run_id=run_id):
-        traces.add(span, targets, target_traces)
+    for part in map_files(read_trace_file, signal_files(run_dir, sc.TRACES_GLOB), run_id,
+                          targets, target_traces, workers=workers):
+        traces.merge(part)
     logs = LogEvidence()
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
     for record in iter_log_records(log_files, run_id):
