@@ -22,7 +22,7 @@ from otel_train.analysis.otlp import (
     RawAttributes,
     Span,
     attribute,
-    iter_raw_spans,
+    iter_span_batches,
     iter_spans,
     paused_gc,
     raw_attributes,
@@ -37,6 +37,10 @@ UNTIMED = "untimed"
 PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
+
+
+#: the rank_step attribute of each timed phase, in ``PHASES`` order (``UNTIMED`` is last)
+_PHASE_TOTALS = tuple(sc.ATTR_PHASE_TOTAL_PREFIX + p for p in PHASES if p != UNTIMED)
 
 
 def _sum(values: array) -> float:
@@ -61,11 +65,10 @@ class StepTable:
         duration = float(attribute(attrs, sc.ATTR_STEP_DURATION, duration_s))
         self.durations.append(duration)
         timed = 0.0
-        for phase, column in self.phases.items():
-            if phase != UNTIMED:
-                seconds = float(attribute(attrs, sc.ATTR_PHASE_TOTAL_PREFIX + phase, 0.0))
-                column.append(seconds)
-                timed += seconds
+        for column, key in zip(self.phases.values(), _PHASE_TOTALS, strict=False):
+            seconds = float(attribute(attrs, key, 0.0))
+            column.append(seconds)
+            timed += seconds
         # below a millisecond it is clock noise, not work nobody timed
         untimed = duration - timed
         self.phases[UNTIMED].append(untimed if untimed > 1e-3 else 0.0)
@@ -160,7 +163,7 @@ class TraceDigest:
     lines: LineIndex = field(default_factory=dict)
 
     def add(self, raw: dict[str, Any], resource: dict[str, Any]) -> None:
-        """One raw span (:func:`~otel_train.analysis.otlp.iter_raw_spans`); only
+        """One raw span (:func:`~otel_train.analysis.otlp.iter_span_batches`); only
         ``PASS_ONE_SPANS`` count, and only the attributes read are decoded."""
         name = raw.get("name")
         if name not in PASS_ONE_SPANS:
@@ -221,16 +224,15 @@ def read_trace_file(path: Path, file_index: int, run_id: str | None = None) -> T
     """Pass one over one file (``file_index`` of the run's files, for the line index)."""
     digest = TraceDigest()
     lines = digest.lines
-    last: tuple[str, int] | None = None
     with paused_gc():
-        for offset, raw, resource in iter_raw_spans(path, run_id):
-            trace_id = raw.get("traceId", "")
-            if (trace_id, offset) != last:
-                last = (trace_id, offset)
+        for offset, resource, spans in iter_span_batches(path, run_id):
+            for trace_id in {raw.get("traceId", "") for raw in spans}:
                 where = lines.setdefault(trace_id, [])
                 if not where or where[-1][1] != offset:
                     where.append((file_index, offset))
-            digest.add(raw, resource)
+            for raw in spans:
+                if raw.get("name") in PASS_ONE_SPANS:
+                    digest.add(raw, resource)
     return digest
 
 

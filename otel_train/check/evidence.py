@@ -17,7 +17,7 @@ from otel_train.analysis.otlp import (
     Span,
     attribute,
     iter_log_records,
-    iter_raw_spans,
+    iter_span_batches,
     links_of,
     paused_gc,
     raw_attributes,
@@ -58,18 +58,22 @@ class TraceEvidence:
                   attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
                   attrs.get(sc.ATTR_STEP), targets, target_traces)
 
-    def add_raw(self, raw: dict[str, Any], resource: dict[str, Any],
-                targets: set[tuple[str, str]], target_traces: set[str]) -> None:
-        """:meth:`add` of a span as it is in the file (``iter_raw_spans``), decoding only
-        the three attributes read."""
-        attrs = raw_attributes(raw.get("attributes"))
-        name = raw.get("name", "")
-        self._add(name, raw.get("traceId", ""), raw.get("spanId", ""),
-                  raw.get("parentSpanId", "") or "",
-                  links_of(raw) if name == sc.SPAN_RUN else [],
-                  attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK)),
-                  attribute(attrs, sc.ATTR_WORLD_SIZE, resource.get(sc.RES_WORLD_SIZE)),
-                  attribute(attrs, sc.ATTR_STEP), targets, target_traces)
+    def add_batch(self, spans: list[dict[str, Any]], resource: dict[str, Any],
+                  targets: set[tuple[str, str]], target_traces: set[str]) -> None:
+        """:meth:`add` of each span of one batch as it is in the file
+        (:func:`~otel_train.analysis.otlp.iter_span_batches`), decoding only the three
+        attributes read."""
+        resource_rank = resource.get(sc.RES_RANK)
+        resource_size = resource.get(sc.RES_WORLD_SIZE)
+        for raw in spans:
+            attrs = raw_attributes(raw.get("attributes"))
+            name = raw.get("name", "")
+            self._add(name, raw.get("traceId", ""), raw.get("spanId", ""),
+                      raw.get("parentSpanId", "") or "",
+                      links_of(raw) if name == sc.SPAN_RUN else [],
+                      attribute(attrs, sc.ATTR_RANK, resource_rank),
+                      attribute(attrs, sc.ATTR_WORLD_SIZE, resource_size),
+                      attribute(attrs, sc.ATTR_STEP), targets, target_traces)
 
     def _add(self, name: str, trace_id: str, span_id: str, parent_id: str,
              links: list[tuple[str, str]], rank: Any, size: Any, step: Any,
@@ -131,8 +135,8 @@ def read_trace_file(path: Path, file_index: int, run_id: str | None,
     """The evidence of one traces file (a worker's share of :func:`gather`)."""
     evidence = TraceEvidence()
     with paused_gc():
-        for _, raw, resource in iter_raw_spans(path, run_id):
-            evidence.add_raw(raw, resource, targets, target_traces)
+        for _, resource, spans in iter_span_batches(path, run_id):
+            evidence.add_batch(spans, resource, targets, target_traces)
     return evidence
 
 
