@@ -1,9 +1,10 @@
-"""One pass per file, the files in parallel processes.
+"""The files of one pass split over parallel processes.
 
 Decoding JSON is most of what ``report`` and ``check`` cost (one core decodes some 100 MB of
-OTLP JSON lines a second), and every rank's file can be read on its own. Each worker returns
-its file's digest; the caller merges the digests in file order, so the result is exactly
-what one process reading the files one after another would have made.
+OTLP JSON lines a second), and every rank's file can be read on its own. Each worker reads
+a run of consecutive files and returns their digest; the caller merges the digests in
+order, so the result is exactly what one process reading the files one after another
+would have made.
 """
 
 from __future__ import annotations
@@ -49,16 +50,40 @@ def can_fork() -> bool:
     return sys.platform.startswith("linux") and threading.active_count() == 1
 
 
-def map_files(function: Callable[..., T], paths: Sequence[Path], *args: Any,
-              workers: int | None = None) -> list[T]:
-    """``[function(path, i, *args) for i, path in enumerate(paths)]``, in that order, the
-    calls spread over ``worker_count(paths, workers)`` processes. ``function`` must be a
-    module-level function (it is pickled by name) whose result pickles."""
-    count = worker_count(paths, workers)
-    if count == 1:
-        return [function(path, i, *args) for i, path in enumerate(paths)]
-    # largest first so that no worker is left with a big file at the end
-    order = sorted(range(len(paths)), key=lambda i: -paths[i].stat().st_size)
-    with ProcessPoolExecutor(count, mp_context=multiprocessing.get_context("fork")) as pool:
-        futures = {i: pool.submit(function, paths[i], i, *args) for i in order}
-        return [futures[i].result() for i in range(len(paths))]
+Chunk = list[tuple[int, Path]]
+
+
+def map_chunks(function: Callable[..., T], paths: Sequence[Path], *args: Any,
+               workers: int | None = None) -> list[T]:
+    """``function(chunk, *args)`` for each chunk of ``paths``, in order: the files split
+    into ``worker_count(paths, workers)`` runs of consecutive files of about equal size,
+    each chunk a list of (index in ``paths``, path) and read in its own process. One chunk
+    (one worker) is all of them, read in this process. ``function`` must be a module-level
+    function (it is pickled by name) whose result pickles.
+
+    Consecutive files make each worker's result what reading them one after another gives,
+    so the caller merging the results in order has what one pass over all files gives."""
+    chunks = split(list(enumerate(paths)), worker_count(paths, workers))
+    if len(chunks) == 1:
+        return [function(chunks[0], *args)]
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(len(chunks), mp_context=context) as pool:
+        futures = [pool.submit(function, chunk, *args) for chunk in chunks]
+        return [future.result() for future in futures]
+
+
+def split(files: Chunk, count: int) -> list[Chunk]:
+    """``files`` in ``count`` runs of consecutive files, each about a ``count``-th of the
+    bytes, none empty (``count`` at most the number of files)."""
+    sizes = [path.stat().st_size for _, path in files]
+    total = sum(sizes)
+    chunks: list[Chunk] = [[]]
+    done = 0
+    for position, (item, size) in enumerate(zip(files, sizes, strict=True)):
+        to_open = count - len(chunks)
+        full = done >= total * len(chunks) / count
+        if chunks[-1] and to_open and (full or len(files) - position == to_open):
+            chunks.append([])
+        chunks[-1].append(item)
+        done += size
+    return chunks

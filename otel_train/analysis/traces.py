@@ -29,7 +29,7 @@ from otel_train.analysis.otlp import (
     signal_files,
     spans_at,
 )
-from otel_train.analysis.parallel import map_files
+from otel_train.analysis.parallel import Chunk, map_chunks
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases)
 UNTIMED = "untimed"
@@ -194,7 +194,7 @@ class TraceDigest:
             self.run_ids.add(str(run_id))
 
     def merge(self, other: TraceDigest) -> None:
-        """Append the digest of the next file: the same as reading it after this one."""
+        """Take in the digest of the next files: the same as reading them after these."""
         self.table.extend(other.table)
         self.step_spans.update(other.step_spans)
         for step, trace_id in other.step_trace.items():
@@ -211,28 +211,30 @@ class TraceDigest:
 
 def read_traces(run_dir: Path, run_id: str | None = None,
                 workers: int | None = None) -> TraceDigest:
-    """Pass one over every traces file, the files in ``workers`` processes (None: as many
-    as pay off, :func:`~otel_train.analysis.parallel.worker_count`)."""
-    digest = TraceDigest()
-    digest.files = signal_files(run_dir, sc.TRACES_GLOB)
-    for part in map_files(read_trace_file, digest.files, run_id, workers=workers):
+    """Pass one over every traces file, the files split over ``workers`` processes (None: as
+    many as pay off, :func:`~otel_train.analysis.parallel.worker_count`)."""
+    files = signal_files(run_dir, sc.TRACES_GLOB)
+    digest, *rest = map_chunks(read_trace_files, files, run_id, workers=workers)
+    for part in rest:
         digest.merge(part)
+    digest.files = files
     return digest
 
 
-def read_trace_file(path: Path, file_index: int, run_id: str | None = None) -> TraceDigest:
-    """Pass one over one file (``file_index`` of the run's files, for the line index)."""
+def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
+    """Pass one over (index in the run's files, path) ``files``, one after another."""
     digest = TraceDigest()
     lines = digest.lines
     with paused_gc():
-        for offset, resource, spans in iter_span_batches(path, run_id):
-            for trace_id in {raw.get("traceId", "") for raw in spans}:
-                where = lines.setdefault(trace_id, [])
-                if not where or where[-1][1] != offset:
-                    where.append((file_index, offset))
-            for raw in spans:
-                if raw.get("name") in PASS_ONE_SPANS:
-                    digest.add(raw, resource)
+        for file_index, path in files:
+            for offset, resource, spans in iter_span_batches(path, run_id):
+                for trace_id in {raw.get("traceId", "") for raw in spans}:
+                    where = lines.setdefault(trace_id, [])
+                    if not where or where[-1] != (file_index, offset):
+                        where.append((file_index, offset))
+                for raw in spans:
+                    if raw.get("name") in PASS_ONE_SPANS:
+                        digest.add(raw, resource)
     return digest
 
 

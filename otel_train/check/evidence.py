@@ -15,7 +15,7 @@ from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import (
     Span,
-    attribute,
+    decode_value,
     iter_log_records,
     iter_span_batches,
     links_of,
@@ -23,7 +23,7 @@ from otel_train.analysis.otlp import (
     raw_attributes,
     signal_files,
 )
-from otel_train.analysis.parallel import map_files
+from otel_train.analysis.parallel import Chunk, map_chunks
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 
@@ -67,31 +67,33 @@ class TraceEvidence:
         resource_size = resource.get(sc.RES_WORLD_SIZE)
         for raw in spans:
             attrs = raw_attributes(raw.get("attributes"))
+            rank, size, step = (attrs.get(sc.ATTR_RANK), attrs.get(sc.ATTR_WORLD_SIZE),
+                                attrs.get(sc.ATTR_STEP))
             name = raw.get("name", "")
             self._add(name, raw.get("traceId", ""), raw.get("spanId", ""),
                       raw.get("parentSpanId", "") or "",
                       links_of(raw) if name == sc.SPAN_RUN else [],
-                      attribute(attrs, sc.ATTR_RANK, resource_rank),
-                      attribute(attrs, sc.ATTR_WORLD_SIZE, resource_size),
-                      attribute(attrs, sc.ATTR_STEP), targets, target_traces)
+                      resource_rank if rank is None else decode_value(rank),
+                      resource_size if size is None else decode_value(size),
+                      None if step is None else decode_value(step), targets, target_traces)
 
     def _add(self, name: str, trace_id: str, span_id: str, parent_id: str,
              links: list[tuple[str, str]], rank: Any, size: Any, step: Any,
              targets: set[tuple[str, str]], target_traces: set[str]) -> None:
         self.spans += 1
         if rank is not None:
-            self.ranks.add(int(rank))
-        if size is not None:
-            self.world_size = max(self.world_size, int(size))
+            rank = int(rank)
+            self.ranks.add(rank)
+        if size is not None and int(size) > self.world_size:
+            self.world_size = int(size)
         if trace_id in target_traces:
             self.traces_seen_of_targets.add(trace_id)
             if (trace_id, span_id) in targets:
                 self.resolved.add((trace_id, span_id))
         if name == sc.SPAN_RUN and rank is not None:
-            self.run_spans[int(rank)] = RunSpan(trace_id, parent_id, links)
+            self.run_spans[rank] = RunSpan(trace_id, parent_id, links)
         if step is not None:
-            self._add_step_span(name, trace_id, span_id, parent_id, int(step),
-                                None if rank is None else int(rank))
+            self._add_step_span(name, trace_id, span_id, parent_id, int(step), rank)
 
     def _add_step_span(self, name: str, trace_id: str, span_id: str, parent_id: str,
                        step: int, rank: int | None) -> None:
@@ -109,7 +111,7 @@ class TraceEvidence:
         self.span_counts[(step, kind)] += 1
 
     def merge(self, other: TraceEvidence) -> None:
-        """Take in the evidence of the next file: the same as reading its spans after
+        """Take in the evidence of the next files: the same as reading their spans after
         this evidence's."""
         self.spans += other.spans
         self.world_size = max(self.world_size, other.world_size)
@@ -130,13 +132,15 @@ class TraceEvidence:
         self.traces_seen_of_targets |= other.traces_seen_of_targets
 
 
-def read_trace_file(path: Path, file_index: int, run_id: str | None,
-                    targets: set[tuple[str, str]], target_traces: set[str]) -> TraceEvidence:
-    """The evidence of one traces file (a worker's share of :func:`gather`)."""
+def read_trace_files(files: Chunk, run_id: str | None, targets: set[tuple[str, str]],
+                     target_traces: set[str]) -> TraceEvidence:
+    """The evidence of (index, path) ``files``, read one after another (a worker's share of
+    :func:`gather`)."""
     evidence = TraceEvidence()
     with paused_gc():
-        for _, resource, spans in iter_span_batches(path, run_id):
-            evidence.add_batch(spans, resource, targets, target_traces)
+        for _, path in files:
+            for _, resource, spans in iter_span_batches(path, run_id):
+                evidence.add_batch(spans, resource, targets, target_traces)
     return evidence
 
 
@@ -188,9 +192,9 @@ def _gather(run_dir: Path, run_id: str | None, live_exemplars: frozenset[tuple[s
     metrics = read_metrics(run_dir, run_id)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars} | live_exemplars
     target_traces = {t for t, _ in targets}
-    traces = TraceEvidence()
-    for part in map_files(read_trace_file, signal_files(run_dir, sc.TRACES_GLOB), run_id,
-                          targets, target_traces, workers=workers):
+    traces, *rest = map_chunks(read_trace_files, signal_files(run_dir, sc.TRACES_GLOB),
+                               run_id, targets, target_traces, workers=workers)
+    for part in rest:
         traces.merge(part)
     logs = LogEvidence()
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
