@@ -28,6 +28,11 @@ from otel_train.analysis.parallel import Chunk, map_chunks
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 
 
+#: name, trace id, span id, parent id, links, rank, world size, step (the last three as
+#: decoded, None where the span has none)
+SpanRow = tuple[str, str, str, str, list[tuple[str, str]], Any, Any, Any]
+
+
 @dataclass
 class RunSpan:
     trace_id: str
@@ -53,10 +58,10 @@ class TraceEvidence:
 
     def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
         attrs = span.attributes
-        self._add(span.name, span.trace_id, span.span_id, span.parent_id, span.links,
-                  attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK)),
-                  attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
-                  attrs.get(sc.ATTR_STEP), targets, target_traces)
+        self._add_rows([(span.name, span.trace_id, span.span_id, span.parent_id, span.links,
+                         attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK)),
+                         attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
+                         attrs.get(sc.ATTR_STEP))], targets, target_traces)
 
     def add_batch(self, spans: list[dict[str, Any]], resource: dict[str, Any],
                   targets: set[tuple[str, str]], target_traces: set[str]) -> None:
@@ -65,50 +70,53 @@ class TraceEvidence:
         attributes read."""
         resource_rank = resource.get(sc.RES_RANK)
         resource_size = resource.get(sc.RES_WORLD_SIZE)
+        rows = []
         for raw in spans:
             attrs = raw_attributes(raw.get("attributes"))
             rank, size, step = (attrs.get(sc.ATTR_RANK), attrs.get(sc.ATTR_WORLD_SIZE),
                                 attrs.get(sc.ATTR_STEP))
             name = raw.get("name", "")
-            self._add(name, raw.get("traceId", ""), raw.get("spanId", ""),
-                      raw.get("parentSpanId", "") or "",
-                      links_of(raw) if name == sc.SPAN_RUN else [],
-                      resource_rank if rank is None else decode_value(rank),
-                      resource_size if size is None else decode_value(size),
-                      None if step is None else decode_value(step), targets, target_traces)
+            rows.append((name, raw.get("traceId", ""), raw.get("spanId", ""),
+                         raw.get("parentSpanId", "") or "",
+                         links_of(raw) if name == sc.SPAN_RUN else [],
+                         resource_rank if rank is None else decode_value(rank),
+                         resource_size if size is None else decode_value(size),
+                         None if step is None else decode_value(step)))
+        self._add_rows(rows, targets, target_traces)
 
-    def _add(self, name: str, trace_id: str, span_id: str, parent_id: str,
-             links: list[tuple[str, str]], rank: Any, size: Any, step: Any,
-             targets: set[tuple[str, str]], target_traces: set[str]) -> None:
-        self.spans += 1
-        if rank is not None:
-            rank = int(rank)
-            self.ranks.add(rank)
-        if size is not None and int(size) > self.world_size:
-            self.world_size = int(size)
-        if trace_id in target_traces:
-            self.traces_seen_of_targets.add(trace_id)
-            if (trace_id, span_id) in targets:
-                self.resolved.add((trace_id, span_id))
-        if name == sc.SPAN_RUN and rank is not None:
-            self.run_spans[rank] = RunSpan(trace_id, parent_id, links)
-        if step is not None:
-            self._add_step_span(name, trace_id, span_id, parent_id, int(step), rank)
-
-    def _add_step_span(self, name: str, trace_id: str, span_id: str, parent_id: str,
-                       step: int, rank: int | None) -> None:
-        if self.step_trace.setdefault(step, trace_id) != trace_id:
-            self.extra_traces[step].add(trace_id)
-        if name == sc.SPAN_STEP:
-            self.roots[step] = span_id
-            return
-        kind = "rank_step" if name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(name)
-        if kind is None or rank is None:
-            return
-        if kind == "rank_step":
-            self.rank_step_parents[step].add(parent_id)
-        self.rank_masks[(step, kind)] |= 1 << rank
-        self.span_counts[(step, kind)] += 1
+    def _add_rows(self, rows: list[SpanRow], targets: set[tuple[str, str]],
+                  target_traces: set[str]) -> None:
+        """One loop over many spans: a call per span was a third of the pass's Python."""
+        step_trace, masks, counts = self.step_trace, self.rank_masks, self.span_counts
+        self.spans += len(rows)
+        for name, trace_id, span_id, parent_id, links, rank, size, step in rows:
+            if rank is not None:
+                rank = int(rank)
+                self.ranks.add(rank)
+            if size is not None and int(size) > self.world_size:
+                self.world_size = int(size)
+            if trace_id in target_traces:
+                self.traces_seen_of_targets.add(trace_id)
+                if (trace_id, span_id) in targets:
+                    self.resolved.add((trace_id, span_id))
+            if name == sc.SPAN_RUN and rank is not None:
+                self.run_spans[rank] = RunSpan(trace_id, parent_id, links)
+            if step is None:
+                continue
+            step = int(step)
+            if step_trace.setdefault(step, trace_id) != trace_id:
+                self.extra_traces[step].add(trace_id)
+            if name == sc.SPAN_STEP:
+                self.roots[step] = span_id
+                continue
+            kind = "rank_step" if name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(name)
+            if kind is None or rank is None:
+                continue
+            if kind == "rank_step":
+                self.rank_step_parents[step].add(parent_id)
+            key = (step, kind)
+            masks[key] = masks.get(key, 0) | 1 << rank
+            counts[key] = counts.get(key, 0) + 1
 
     def merge(self, other: TraceEvidence) -> None:
         """Take in the evidence of the next files: the same as reading their spans after
