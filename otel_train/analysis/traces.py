@@ -25,6 +25,7 @@ from otel_train.analysis.otlp import (
     iter_span_batches,
     iter_spans,
     paused_gc,
+    pick_attributes,
     raw_attributes,
     signal_files,
     spans_at,
@@ -37,6 +38,10 @@ UNTIMED = "untimed"
 PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
+#: the attributes pass one reads of a collective's span (most of the others' it reads)
+COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COUNT,
+                                   sc.ATTR_COLLECTIVE_TOTAL_S, sc.ATTR_COLLECTIVE_BYTES,
+                                   sc.ATTR_COLLECTIVE_BUS_BW})
 
 
 #: the rank_step attribute of each timed phase, in ``PHASES`` order (``UNTIMED`` is last)
@@ -168,7 +173,8 @@ class TraceDigest:
         name = raw.get("name")
         if name not in PASS_ONE_SPANS:
             return
-        attrs = raw_attributes(raw.get("attributes"))
+        attrs = (pick_attributes(raw.get("attributes"), COLLECTIVE_ATTRIBUTES)
+                 if name == sc.SPAN_COLLECTIVE else raw_attributes(raw.get("attributes")))
         start_ns = int(raw.get("startTimeUnixNano", 0))
         end_ns = int(raw.get("endTimeUnixNano", 0))
         duration_s = (end_ns - start_ns) / 1e9

@@ -20,12 +20,14 @@ from otel_train.analysis.otlp import (
     iter_span_batches,
     links_of,
     paused_gc,
-    raw_attributes,
+    pick_attributes,
     signal_files,
 )
 from otel_train.analysis.parallel import Chunk, map_chunks
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
+#: the only span attributes the checks read
+READ_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP})
 
 
 #: name, trace id, span id, parent id, links, rank, world size, step (the last three as
@@ -50,8 +52,8 @@ class TraceEvidence:
     roots: dict[int, str] = field(default_factory=dict)  # step: train.step span id
     rank_step_parents: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: (step, phase or "rank_step"): bitmask of the ranks seen, and the number of spans
-    rank_masks: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
-    span_counts: Counter = field(default_factory=Counter)
+    rank_masks: dict[tuple[int, str], int] = field(default_factory=dict)
+    span_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     run_spans: dict[int, RunSpan] = field(default_factory=dict)
     resolved: set[tuple[str, str]] = field(default_factory=set)  # exemplar targets found
     traces_seen_of_targets: set[str] = field(default_factory=set)
@@ -72,7 +74,7 @@ class TraceEvidence:
         resource_size = resource.get(sc.RES_WORLD_SIZE)
         rows = []
         for raw in spans:
-            attrs = raw_attributes(raw.get("attributes"))
+            attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
             rank, size, step = (attrs.get(sc.ATTR_RANK), attrs.get(sc.ATTR_WORLD_SIZE),
                                 attrs.get(sc.ATTR_STEP))
             name = raw.get("name", "")
@@ -132,9 +134,11 @@ class TraceEvidence:
         self.roots.update(other.roots)
         for step, parents in other.rank_step_parents.items():
             self.rank_step_parents[step] |= parents
+        masks, counts = self.rank_masks, self.span_counts
         for key, mask in other.rank_masks.items():
-            self.rank_masks[key] |= mask
-        self.span_counts.update(other.span_counts)
+            masks[key] = masks.get(key, 0) | mask
+        for key, count in other.span_counts.items():
+            counts[key] = counts.get(key, 0) + count
         self.run_spans.update(other.run_spans)
         self.resolved |= other.resolved
         self.traces_seen_of_targets |= other.traces_seen_of_targets
