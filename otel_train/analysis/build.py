@@ -17,7 +17,12 @@ from otel_train.analysis.model import (
     StepTimeline,
 )
 from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
-from otel_train.analysis.traces import PHASES, TraceDigest, read_traces, spans_of_traces
+from otel_train.analysis.traces import (
+    PHASES,
+    TraceDigest,
+    spans_of_traces,
+    start_reading_traces,
+)
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
@@ -35,13 +40,16 @@ def build_report(run: Path, top: int = 10, timelines: int = 3,
 
 def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
            workers: int | None) -> Report:
-    traces = read_traces(run_dir, run_id, workers)
-    metrics = read_metrics(run_dir, run_id)
+    reading = start_reading_traces(run_dir, run_id, workers)
+    try:
+        metrics = read_metrics(run_dir, run_id)  # while the workers read the traces
+    finally:
+        traces = reading()  # never leaves the workers behind
     table = traces.table
     by_rank = st.rows_by_rank(table)
     durations = st.step_durations(table, traces.step_spans)
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
-    spans = _spans_by_step(run_dir, traces, slowest, run_id)
+    spans = _spans_by_step(run_dir, traces, slowest, run_id, workers)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
         spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])))
     lag = st.straggler(table, by_rank, _wait_shares(metrics))
@@ -94,11 +102,11 @@ def _trained_steps(metrics: MetricsDigest) -> int | None:
 
 
 def _spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],
-                   run_id: str | None) -> dict[int, list[Span]]:
+                   run_id: str | None, workers: int | None) -> dict[int, list[Span]]:
     """Pass two: every span of the given steps' traces."""
     step_of = {traces.step_trace[s]: s for s in steps if s in traces.step_trace}
     out: dict[int, list[Span]] = {}
-    for span in spans_of_traces(run_dir, set(step_of), run_id, traces):
+    for span in spans_of_traces(run_dir, set(step_of), run_id, traces, workers):
         out.setdefault(step_of[span.trace_id], []).append(span)
     return out
 

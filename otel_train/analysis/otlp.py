@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_train import semconv
+from otel_train.analysis.parallel import map_chunks
 
 
 def decode_value(value: dict[str, Any]) -> Any:
@@ -190,25 +191,33 @@ def _raw_spans(request: dict[str, Any], run_id: str | None
 
 
 def spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
-             run_id: str | None = None) -> Iterator[Span]:
+             run_id: str | None = None, workers: int | None = None) -> list[Span]:
     """The spans of ``trace_ids``, reading only the lines ``index`` (file index in
-    ``paths``, offset from :func:`iter_span_batches`) says hold them."""
-    where = sorted({loc for t in trace_ids for loc in index.get(t, ())})
-    opened: dict[int, Any] = {}
-    try:
-        for i, offset in where:
-            handle = opened.get(i)
-            if handle is None:
-                handle = opened[i] = open(paths[i], "rb")
-            handle.seek(offset)
-            line = handle.readline().decode("utf-8", errors="replace")
-            for request in _decode_line(line):
-                for raw, resource in _raw_spans(request, run_id):
-                    if raw.get("traceId", "") in trace_ids:
-                        yield _span(raw, resource)
-    finally:
-        for handle in opened.values():
-            handle.close()
+    ``paths``, offset from :func:`iter_span_batches`) says hold them, in file and line
+    order; the files split over ``workers`` processes as in pass one."""
+    offsets: dict[int, list[int]] = {}
+    for i, offset in sorted({loc for t in trace_ids for loc in index.get(t, ())}):
+        offsets.setdefault(i, []).append(offset)
+    files = [paths[i] for i in offsets]
+    parts = map_chunks(spans_in_lines, files, list(offsets.values()), trace_ids, run_id,
+                       workers=workers)
+    return [span for part in parts for span in part]
+
+
+def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
+                   trace_ids: set[str], run_id: str | None) -> list[Span]:
+    """The spans of ``trace_ids`` on the lines at ``offsets[k]`` of each (k, path)."""
+    spans = []
+    for k, path in files:
+        with open(path, "rb") as handle:
+            for offset in offsets[k]:
+                handle.seek(offset)
+                line = handle.readline().decode("utf-8", errors="replace")
+                for request in _decode_line(line):
+                    for raw, resource in _raw_spans(request, run_id):
+                        if raw.get("traceId", "") in trace_ids:
+                            spans.append(_span(raw, resource))
+    return spans
 
 
 def _filtered_requests(paths: Iterable[Path],

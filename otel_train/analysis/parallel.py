@@ -63,13 +63,29 @@ def map_chunks(function: Callable[..., T], paths: Sequence[Path], *args: Any,
 
     Consecutive files make each worker's result what reading them one after another gives,
     so the caller merging the results in order has what one pass over all files gives."""
+    return start_chunks(function, paths, *args, workers=workers)()
+
+
+def start_chunks(function: Callable[..., T], paths: Sequence[Path], *args: Any,
+                 workers: int | None = None) -> Callable[[], list[T]]:
+    """:func:`map_chunks` started: the workers run while the caller does other work, and
+    the function returned waits for their results (with one worker it reads the files
+    itself, when called)."""
     chunks = split(list(enumerate(paths)), worker_count(paths, workers))
     if len(chunks) == 1:
-        return [function(chunks[0], *args)]
-    context = multiprocessing.get_context("fork")
-    with ProcessPoolExecutor(len(chunks), mp_context=context) as pool:
+        return lambda: [function(chunks[0], *args)]
+    pool = ProcessPoolExecutor(len(chunks), mp_context=multiprocessing.get_context("fork"))
+    try:
         futures = [pool.submit(function, chunk, *args) for chunk in chunks]
-        return [future.result() for future in futures]
+    except BaseException:
+        pool.shutdown(cancel_futures=True)
+        raise
+
+    def results() -> list[T]:
+        with pool:
+            return [future.result() for future in futures]
+
+    return results
 
 
 def split(files: Chunk, count: int) -> list[Chunk]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
@@ -30,7 +31,7 @@ from otel_train.analysis.otlp import (
     signal_files,
     spans_at,
 )
-from otel_train.analysis.parallel import Chunk, map_chunks
+from otel_train.analysis.parallel import Chunk, start_chunks
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases)
 UNTIMED = "untimed"
@@ -219,11 +220,22 @@ def read_traces(run_dir: Path, run_id: str | None = None,
                 workers: int | None = None) -> TraceDigest:
     """Pass one over every traces file, the files split over ``workers`` processes (None: as
     many as pay off, :func:`~otel_train.analysis.parallel.worker_count`)."""
+    return start_reading_traces(run_dir, run_id, workers)()
+
+
+def start_reading_traces(run_dir: Path, run_id: str | None = None,
+                         workers: int | None = None) -> Callable[[], TraceDigest]:
+    """:func:`read_traces` started in the workers; the function returned waits for it."""
     files = signal_files(run_dir, sc.TRACES_GLOB)
-    digest, *rest = map_chunks(read_trace_files, files, run_id, workers=workers)
-    for part in rest:
-        digest.merge(part)
-    digest.files = files
+    results = start_chunks(read_trace_files, files, run_id, workers=workers)
+
+    def digest() -> TraceDigest:
+        merged, *rest = results()
+        for part in rest:
+            merged.merge(part)
+        merged.files = files
+        return merged
+
     return digest
 
 
@@ -245,13 +257,15 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
 
 
 def spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None,
-                    digest: TraceDigest | None = None) -> list[Span]:
+                    digest: TraceDigest | None = None,
+                    workers: int | None = None) -> list[Span]:
     """Pass two: every span of a few traces. With pass one's ``digest``, only the lines
-    that hold them are read (by offset); else lines holding none of them are not parsed."""
+    that hold them are read (by offset, the files split over ``workers`` processes); else
+    lines holding none of them are not parsed."""
     if not trace_ids:
         return []
     if digest is not None and digest.files:
-        return list(spans_at(digest.files, digest.lines, trace_ids, run_id))
+        return spans_at(digest.files, digest.lines, trace_ids, run_id, workers)
     needles = tuple(trace_ids)
     return [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), line_filter=needles,
                                   run_id=run_id) if s.trace_id in trace_ids]
