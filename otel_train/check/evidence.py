@@ -26,6 +26,8 @@ from otel_train.analysis.otlp import (
 from otel_train.analysis.parallel import Chunk, map_chunks
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
+#: the span kinds whose ranks and counts are checked per step
+SPAN_KIND = {**SPAN_PHASE, sc.SPAN_RANK_STEP: "rank_step"}
 #: the only span attributes the checks read
 READ_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP})
 
@@ -72,15 +74,16 @@ class TraceEvidence:
         attributes read."""
         resource_rank = resource.get(sc.RES_RANK)
         resource_size = resource.get(sc.RES_WORLD_SIZE)
+        key_rank, key_size, key_step, run = (sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP,
+                                             sc.SPAN_RUN)
         rows = []
         for raw in spans:
             attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
-            rank, size, step = (attrs.get(sc.ATTR_RANK), attrs.get(sc.ATTR_WORLD_SIZE),
-                                attrs.get(sc.ATTR_STEP))
+            rank, size, step = attrs.get(key_rank), attrs.get(key_size), attrs.get(key_step)
             name = raw.get("name", "")
             rows.append((name, raw.get("traceId", ""), raw.get("spanId", ""),
                          raw.get("parentSpanId", "") or "",
-                         links_of(raw) if name == sc.SPAN_RUN else [],
+                         links_of(raw) if name == run else [],
                          resource_rank if rank is None else decode_value(rank),
                          resource_size if size is None else decode_value(size),
                          None if step is None else decode_value(step)))
@@ -88,37 +91,42 @@ class TraceEvidence:
 
     def _add_rows(self, rows: list[SpanRow], targets: set[tuple[str, str]],
                   target_traces: set[str]) -> None:
-        """One loop over many spans: a call per span was a third of the pass's Python."""
-        step_trace, masks, counts = self.step_trace, self.rank_masks, self.span_counts
+        """One loop over many spans, with what it touches in locals: a call per span was a
+        third of the pass's Python."""
+        ranks, step_trace, masks, counts = (self.ranks, self.step_trace, self.rank_masks,
+                                            self.span_counts)
+        world, run, step_root, rank_step = (self.world_size, sc.SPAN_RUN, sc.SPAN_STEP,
+                                            sc.SPAN_RANK_STEP)
         self.spans += len(rows)
         for name, trace_id, span_id, parent_id, links, rank, size, step in rows:
             if rank is not None:
                 rank = int(rank)
-                self.ranks.add(rank)
-            if size is not None and int(size) > self.world_size:
-                self.world_size = int(size)
+                ranks.add(rank)
+            if size is not None and int(size) > world:
+                world = int(size)
             if trace_id in target_traces:
                 self.traces_seen_of_targets.add(trace_id)
                 if (trace_id, span_id) in targets:
                     self.resolved.add((trace_id, span_id))
-            if name == sc.SPAN_RUN and rank is not None:
+            if name == run and rank is not None:
                 self.run_spans[rank] = RunSpan(trace_id, parent_id, links)
             if step is None:
                 continue
             step = int(step)
             if step_trace.setdefault(step, trace_id) != trace_id:
                 self.extra_traces[step].add(trace_id)
-            if name == sc.SPAN_STEP:
+            if name == step_root:
                 self.roots[step] = span_id
                 continue
-            kind = "rank_step" if name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(name)
+            kind = SPAN_KIND.get(name)
             if kind is None or rank is None:
                 continue
-            if kind == "rank_step":
+            if name == rank_step:
                 self.rank_step_parents[step].add(parent_id)
             key = (step, kind)
             masks[key] = masks.get(key, 0) | 1 << rank
             counts[key] = counts.get(key, 0) + 1
+        self.world_size = world
 
     def merge(self, other: TraceEvidence) -> None:
         """Take in the evidence of the next files: the same as reading their spans after
