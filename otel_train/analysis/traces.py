@@ -23,6 +23,7 @@ from otel_train.analysis.otlp import (
     RawAttributes,
     Span,
     attribute,
+    decode_attributes,
     iter_span_batches,
     iter_spans,
     paused_gc,
@@ -64,15 +65,15 @@ class StepTable:
     durations: array = field(default_factory=lambda: array("d"))
     phases: dict[str, array] = field(default_factory=lambda: {p: array("d") for p in PHASES})
 
-    def add(self, attrs: RawAttributes, resource: dict[str, Any], duration_s: float) -> None:
-        """One ``train.rank_step`` span: its attributes, resource and duration."""
-        self.steps.append(int(attribute(attrs, sc.ATTR_STEP, -1)))
-        self.ranks.append(int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
-        duration = float(attribute(attrs, sc.ATTR_STEP_DURATION, duration_s))
+    def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float) -> None:
+        """One ``train.rank_step`` span: its (decoded) attributes, resource and duration."""
+        self.steps.append(int(attrs.get(sc.ATTR_STEP, -1)))
+        self.ranks.append(int(attrs.get(sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
+        duration = float(attrs.get(sc.ATTR_STEP_DURATION, duration_s))
         self.durations.append(duration)
         timed = 0.0
         for column, key in zip(self.phases.values(), _PHASE_TOTALS, strict=False):
-            seconds = float(attribute(attrs, key, 0.0))
+            seconds = float(attrs.get(key, 0.0))
             column.append(seconds)
             timed += seconds
         # below a millisecond it is clock noise, not work nobody timed
@@ -174,18 +175,30 @@ class TraceDigest:
         name = raw.get("name")
         if name not in PASS_ONE_SPANS:
             return
-        attrs = (pick_attributes(raw.get("attributes"), COLLECTIVE_ATTRIBUTES)
-                 if name == sc.SPAN_COLLECTIVE else raw_attributes(raw.get("attributes")))
         start_ns = int(raw.get("startTimeUnixNano", 0))
         end_ns = int(raw.get("endTimeUnixNano", 0))
-        duration_s = (end_ns - start_ns) / 1e9
         if name == sc.SPAN_RANK_STEP:
-            self.table.add(attrs, resource, duration_s)
-            self.step_trace.setdefault(int(attribute(attrs, sc.ATTR_STEP, -1)),
-                                       raw.get("traceId", ""))
-            self.world_size = max(self.world_size, int(attribute(
-                attrs, sc.ATTR_WORLD_SIZE, resource.get(sc.RES_WORLD_SIZE, 0))))
-        elif name == sc.SPAN_STEP:
+            self._add_rank_step(raw, resource, (end_ns - start_ns) / 1e9)
+        else:
+            self._add_other(name, raw, resource, start_ns, end_ns)
+        run_id = resource.get(sc.RES_RUN_ID)
+        if run_id:
+            self.run_ids.add(str(run_id))
+
+    def _add_rank_step(self, raw: dict[str, Any], resource: dict[str, Any],
+                       duration_s: float) -> None:
+        attrs = decode_attributes(raw.get("attributes"))  # most are read: all decoded at once
+        self.table.add(attrs, resource, duration_s)
+        self.step_trace.setdefault(int(attrs.get(sc.ATTR_STEP, -1)), raw.get("traceId", ""))
+        self.world_size = max(self.world_size, int(attrs.get(
+            sc.ATTR_WORLD_SIZE, resource.get(sc.RES_WORLD_SIZE, 0))))
+
+    def _add_other(self, name: str, raw: dict[str, Any], resource: dict[str, Any],
+                   start_ns: int, end_ns: int) -> None:
+        duration_s = (end_ns - start_ns) / 1e9
+        attrs = (pick_attributes(raw.get("attributes"), COLLECTIVE_ATTRIBUTES)
+                 if name == sc.SPAN_COLLECTIVE else raw_attributes(raw.get("attributes")))
+        if name == sc.SPAN_STEP:
             step = int(attribute(attrs, sc.ATTR_STEP, -1))
             self.step_spans[step] = (raw.get("traceId", ""), duration_s)
         elif name == sc.SPAN_COLLECTIVE:
@@ -196,9 +209,6 @@ class TraceDigest:
         elif name == sc.SPAN_RUN:
             rank = int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0)))
             self.run_spans[rank] = (start_ns, end_ns)
-        run_id = resource.get(sc.RES_RUN_ID)
-        if run_id:
-            self.run_ids.add(str(run_id))
 
     def merge(self, other: TraceDigest) -> None:
         """Take in the digest of the next files: the same as reading them after these."""
