@@ -12,13 +12,13 @@ import contextlib
 import gc
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from otel_train import semconv
-from otel_train.analysis.parallel import map_chunks
+from otel_train.analysis.parallel import start_chunks
 
 
 def decode_value(value: dict[str, Any]) -> Any:
@@ -195,13 +195,20 @@ def spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
     """The spans of ``trace_ids``, reading only the lines ``index`` (file index in
     ``paths``, offset from :func:`iter_span_batches`) says hold them, in file and line
     order; the files split over ``workers`` processes as in pass one."""
+    return start_spans_at(paths, index, trace_ids, run_id, workers)()
+
+
+def start_spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
+                   run_id: str | None = None,
+                   workers: int | None = None) -> Callable[[], list[Span]]:
+    """:func:`spans_at` started in the workers; the function returned waits for it."""
     offsets: dict[int, list[int]] = {}
     for i, offset in sorted({loc for t in trace_ids for loc in index.get(t, ())}):
         offsets.setdefault(i, []).append(offset)
     files = [paths[i] for i in offsets]
-    parts = map_chunks(spans_in_lines, files, list(offsets.values()), trace_ids, run_id,
-                       workers=workers)
-    return [span for part in parts for span in part]
+    results = start_chunks(spans_in_lines, files, list(offsets.values()), trace_ids, run_id,
+                           workers=workers)
+    return lambda: [span for part in results() for span in part]
 
 
 def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],

@@ -30,7 +30,7 @@ from otel_train.analysis.otlp import (
     pick_attributes,
     raw_attributes,
     signal_files,
-    spans_at,
+    start_spans_at,
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
 
@@ -272,10 +272,19 @@ def spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = Non
     """Pass two: every span of a few traces. With pass one's ``digest``, only the lines
     that hold them are read (by offset, the files split over ``workers`` processes); else
     lines holding none of them are not parsed."""
+    return start_spans_of_traces(run_dir, trace_ids, run_id, digest, workers)()
+
+
+def start_spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None,
+                          digest: TraceDigest | None = None,
+                          workers: int | None = None) -> Callable[[], list[Span]]:
+    """:func:`spans_of_traces` started (in the workers, with a ``digest``); the function
+    returned waits for it."""
     if not trace_ids:
-        return []
+        return list
     if digest is not None and digest.files:
-        return spans_at(digest.files, digest.lines, trace_ids, run_id, workers)
+        return start_spans_at(digest.files, digest.lines, trace_ids, run_id, workers)
     needles = tuple(trace_ids)
-    return [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), line_filter=needles,
-                                  run_id=run_id) if s.trace_id in trace_ids]
+    return lambda: [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB),
+                                          line_filter=needles, run_id=run_id)
+                    if s.trace_id in trace_ids]
