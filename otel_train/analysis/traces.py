@@ -40,7 +40,8 @@ UNTIMED = "untimed"
 PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
-#: the attributes pass one reads of a collective's span (most of the others' it reads)
+#: the five attributes of a collective's span that pass one reads (of a rank_step's it
+#: reads most, so it decodes them all)
 COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COUNT,
                                    sc.ATTR_COLLECTIVE_TOTAL_S, sc.ATTR_COLLECTIVE_BYTES,
                                    sc.ATTR_COLLECTIVE_BUS_BW})

@@ -91,8 +91,8 @@ class TraceEvidence:
 
     def _add_rows(self, rows: list[SpanRow], targets: set[tuple[str, str]],
                   target_traces: set[str]) -> None:
-        """One loop over many spans, with what it touches in locals: a call per span was a
-        third of the pass's Python."""
+        """One loop over many spans, with what it touches in locals (it runs once for every
+        span of the run: a method call per span cost more than the work it did)."""
         ranks, step_trace, masks, counts = (self.ranks, self.step_trace, self.rank_masks,
                                             self.span_counts)
         world, run, step_root, rank_step = (self.world_size, sc.SPAN_RUN, sc.SPAN_STEP,
