@@ -2,7 +2,8 @@
 
 Writes the run with ``tests/report_fixtures.py`` (once; reused when already there), then runs
 each command ``--repeat`` times, each in a fresh process so peak RSS is its own, and writes a
-markdown table with the machine, versions, date, median and spread.
+markdown table with the machine, versions, date, load, median, spread and the 95% confidence
+interval of the mean; exits 1 when a median misses ``TARGET_S``.
 
     .venv/bin/python bench/bench_report.py --out bench/results/report.md
 """
