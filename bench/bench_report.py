@@ -2,7 +2,8 @@
 
 Writes the run with ``tests/report_fixtures.py`` (once; reused when already there), then runs
 each command ``--repeat`` times, each in a fresh process so peak RSS is its own, and writes a
-markdown table with the machine, versions, date, median and spread.
+markdown table with the machine, versions, date, load, median, spread and the 95% confidence
+interval of the mean; exits 1 when a median misses ``TARGET_S``.
 
     .venv/bin/python bench/bench_report.py --out bench/results/report.md
 """
@@ -27,6 +28,14 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from report_fixtures import RunSpec, write_run  # noqa: E402
 
+from otel_train import semconv  # noqa: E402
+from otel_train.analysis.otlp import signal_files  # noqa: E402
+from otel_train.analysis.parallel import worker_count as workers_for  # noqa: E402
+
+
+def worker_count(run_dir: Path) -> int:
+    return workers_for(signal_files(run_dir, semconv.TRACES_GLOB))
+
 # One measured command: wall time of the work and the process's peak RSS, as JSON.
 CHILD = """
 import json, os, resource, sys, time
@@ -43,8 +52,13 @@ else:
     from otel_train.check.rundir import check_run_dir
     check_run_dir(Path(sys.argv[2]))
 print(json.dumps({"s": time.perf_counter() - t0, "base_mb": base_mb,
-                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "worker_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
+
+#: two-sided 95% quantiles of Student's t by degrees of freedom (beyond 30: the normal's)
+T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
 
 
 def ensure_run(root: Path, ranks: int, steps: int) -> tuple[Path, float]:
@@ -109,12 +123,26 @@ def _installed() -> bool:
         return False
 
 
+def mean_ci95(values: list[float]) -> tuple[float, float]:
+    """The 95% confidence interval of the mean (Student's t; the runs as a sample)."""
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, mean
+    df = len(values) - 1
+    t = T_975[max(k for k in T_975 if k <= df)] if df <= 30 else 1.960
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    return mean - half, mean + half
+
+
 def summary(name: str, runs: list[dict[str, float]]) -> str:
     secs = sorted(r["s"] for r in runs)
     rss = max(r["rss_mb"] for r in runs)
     growth = max(r["rss_mb"] - r["base_mb"] for r in runs)
+    worker = max(r.get("worker_rss_mb", 0.0) for r in runs)
+    low, high = mean_ci95(secs)
     return (f"| {name} | {len(runs)} | {statistics.median(secs):.2f} | {secs[0]:.2f} – "
-            f"{secs[-1]:.2f} | {statistics.pstdev(secs):.2f} | {rss:.0f} | {growth:.0f} |")
+            f"{secs[-1]:.2f} | {statistics.pstdev(secs):.2f} | {low:.2f} – {high:.2f} | "
+            f"{rss:.0f} | {growth:.0f} | {worker:.0f} |")
 
 
 def main() -> int:
@@ -138,21 +166,29 @@ def main() -> int:
         f"(tests/report_fixtures.py{f', written in {gen_s:.0f} s' if gen_s else ''})",
         "- each run in a fresh process; time is the command's work (report: both trace passes, "
         "metrics pass, HTML rendering; check: every span, metric point and log record)", "",
+        f"- the traces files are read by {worker_count(run_dir)} worker processes "
+        "(otel_train/analysis/parallel.py: one per usable CPU, the files split into runs of "
+        "consecutive files, the results merged in file order)",
         "- peak RSS includes the imports (report and check import no torch since the lazy "
         "package import); growth is the peak over the RSS after the imports, i.e. what "
-        "reading the run costs", "",
-        "| command | runs | median s | min – max s | stdev s | peak RSS MB | growth MB |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "reading the run costs in the command's own process; worker MB is the largest peak "
+        "RSS of a worker process", "",
+        "| command | runs | median s | min – max s | stdev s | 95% CI of the mean s | "
+        "peak RSS MB | growth MB | worker MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     runs = {cmd: measure(cmd, run_dir, args.repeat) for cmd in ("report", "check")}
     lines += [summary(f"`otel-train {cmd}`", runs[cmd]) for cmd in runs]
     lines += ["", "The same, end to end from the shell (`python -m otel_train.cli CMD RUN --json`, "
               "report also `--html`), imports included:", "",
-              "| command | runs | median s | min – max s |", "| --- | --- | --- | --- |"]
+              "| command | runs | median s | min – max s | 95% CI of the mean s |",
+              "| --- | --- | --- | --- | --- |"]
     for cmd in ("report", "check"):
         walls = sorted(measure_cli(cmd, run_dir, args.repeat))
+        low, high = mean_ci95(walls)
         lines.append(f"| `otel-train {cmd}` | {len(walls)} | {statistics.median(walls):.2f} | "
-                     f"{walls[0]:.2f} – {walls[-1]:.2f} |")
+                     f"{walls[0]:.2f} – {walls[-1]:.2f} | {low:.2f} – {high:.2f} |")
+    lines += ["", f"- load average after: {os.getloadavg()[0]:.2f}"]
     missed = []
     for cmd, measured in runs.items():
         median = statistics.median(r["s"] for r in measured)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from otel_train import semconv as sc
@@ -17,30 +18,47 @@ from otel_train.analysis.model import (
     StepTimeline,
 )
 from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
-from otel_train.analysis.traces import PHASES, TraceDigest, read_traces, spans_of_traces
+from otel_train.analysis.traces import (
+    PHASES,
+    TraceDigest,
+    start_reading_traces,
+    start_spans_of_traces,
+)
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
 
 
 def build_report(run: Path, top: int = 10, timelines: int = 3,
-                 run_id: str | None = None) -> Report:
+                 run_id: str | None = None, workers: int | None = None) -> Report:
     """The report of the run directory ``run`` (or the newest run under it); ``run_id``
-    picks one run out of files that hold several (a collector's output)."""
+    picks one run out of files that hold several (a collector's output); ``workers``
+    processes read the traces files (None: one per CPU when the files are large; the
+    report is the same whatever the number)."""
     with paused_gc():
-        return _build(resolve_run_dir(run, run_id), top, timelines, run_id)
+        return _build(resolve_run_dir(run, run_id), top, timelines, run_id, workers)
 
 
-def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Report:
-    traces, metrics = read_traces(run_dir, run_id), read_metrics(run_dir, run_id)
+def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
+           workers: int | None) -> Report:
+    reading = start_reading_traces(run_dir, run_id, workers)
+    try:
+        metrics = read_metrics(run_dir, run_id)  # while the workers read the traces
+    finally:
+        traces = reading()  # never leaves the workers behind
     table = traces.table
     by_rank = st.rows_by_rank(table)
     durations = st.step_durations(table, traces.step_spans)
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
-    spans = _spans_by_step(run_dir, traces, slowest, run_id)
+    reading_steps = _start_spans_by_step(run_dir, traces, slowest, run_id, workers)
+    try:  # what needs no span of pass two, while the workers read them
+        lag = st.straggler(table, by_rank, _wait_shares(metrics))
+        rank_rows = st.rank_breakdowns(table, by_rank)
+        over_time = st.over_time(table)
+    finally:
+        spans = reading_steps()
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
         spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])))
-    lag = st.straggler(table, by_rank, _wait_shares(metrics))
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
     samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
@@ -50,13 +68,13 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None) -> Repor
         world_size=traces.world_size or len(by_rank),
         ranks=list(by_rank), sampled_steps=len(durations),
         trained_steps=_trained_steps(metrics), wall_s=wall, phases=used,
-        rank_rows=st.rank_breakdowns(table, by_rank), straggler=lag.rank,
+        rank_rows=rank_rows, straggler=lag.rank,
         straggler_signal=lag.signal, straggler_busy_ratio=lag.busy_ratio,
         straggler_slowest_share=lag.slowest_share, straggler_wait_share=lag.wait_share,
         straggler_wait_rank=lag.wait_rank,
         slow_steps=slow, timelines=[_timeline(s, spans.get(s.step, []))
                                     for s in slow[:timelines]],
-        over_time=st.over_time(table), collectives=_collectives(traces, metrics),
+        over_time=over_time, collectives=_collectives(traces, metrics),
         compile=_compile(traces, metrics), resources=_resources(metrics),
         samples_per_s=samples / wall if samples and wall else None,
         tokens_per_s=tokens / wall if tokens and wall else None,
@@ -89,14 +107,20 @@ def _trained_steps(metrics: MetricsDigest) -> int | None:
     return max(counts) if counts else None
 
 
-def _spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],
-                   run_id: str | None) -> dict[int, list[Span]]:
-    """Pass two: every span of the given steps' traces."""
+def _start_spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],
+                         run_id: str | None, workers: int | None
+                         ) -> Callable[[], dict[int, list[Span]]]:
+    """Pass two, started: every span of the given steps' traces, by step."""
     step_of = {traces.step_trace[s]: s for s in steps if s in traces.step_trace}
-    out: dict[int, list[Span]] = {}
-    for span in spans_of_traces(run_dir, set(step_of), run_id, traces):
-        out.setdefault(step_of[span.trace_id], []).append(span)
-    return out
+    reading = start_spans_of_traces(run_dir, set(step_of), run_id, traces, workers)
+
+    def by_step() -> dict[int, list[Span]]:
+        out: dict[int, list[Span]] = {}
+        for span in reading():
+            out.setdefault(step_of[span.trace_id], []).append(span)
+        return out
+
+    return by_step
 
 
 def _phase_starts(spans: list[Span], phase: str) -> dict[int, int]:

@@ -12,12 +12,13 @@ import contextlib
 import gc
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from otel_train import semconv
+from otel_train.analysis.parallel import start_chunks
 
 
 def decode_value(value: dict[str, Any]) -> Any:
@@ -39,6 +40,33 @@ def decode_value(value: dict[str, Any]) -> Any:
 
 def decode_attributes(attributes: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
     return {a["key"]: decode_value(a.get("value", {})) for a in attributes or ()}
+
+
+RawAttributes = dict[str, dict[str, Any]]
+
+
+def raw_attributes(attributes: Iterable[dict[str, Any]] | None) -> RawAttributes:
+    """Key -> undecoded ``AnyValue``: the passes over every span decode only the values
+    they read (:func:`attribute`), not every value of every span."""
+    return {a["key"]: a.get("value", {}) for a in attributes or ()}
+
+
+def pick_attributes(attributes: Iterable[dict[str, Any]] | None,
+                    keys: frozenset[str]) -> RawAttributes:
+    """:func:`raw_attributes` of only ``keys``: cheaper than the whole map where a pass
+    reads a few of many attributes of every span."""
+    picked = {}
+    for a in attributes or ():
+        key = a["key"]
+        if key in keys:
+            picked[key] = a.get("value", {})
+    return picked
+
+
+def attribute(attributes: RawAttributes, key: str, default: Any = None) -> Any:
+    """``decode_attributes(...).get(key, default)`` of :func:`raw_attributes`' mapping."""
+    value = attributes.get(key)
+    return default if value is None else decode_value(value)
 
 
 @contextlib.contextmanager
@@ -118,25 +146,39 @@ class Span:
         return (self.end_ns - self.start_ns) / 1e9
 
 
-#: where a trace's spans are: trace id -> {(file index, byte offset of the line)}
-LineIndex = dict[str, set[tuple[int, int]]]
-_TRACE_ID = re.compile(rb'"traceId":\s*"([0-9a-fA-F]+)"')
+#: where a trace's spans are: trace id -> [(file index, byte offset of the line)]
+LineIndex = dict[str, list[tuple[int, int]]]
 
 
 def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
                line_filter: tuple[str, ...] | None = None,
-               run_id: str | None = None, index: LineIndex | None = None) -> Iterator[Span]:
+               run_id: str | None = None) -> Iterator[Span]:
     """Spans of the given files; ``names`` keeps only those names (attributes of the others
     are never decoded); ``line_filter`` skips lines that contain none of those strings;
-    ``run_id`` keeps only that run's resources (a collector's files hold every run);
-    ``index``, if given, learns on which line of which file every trace's spans are (for
-    :func:`spans_at`: a second pass that reads only those lines)."""
-    requests = (_filtered_requests(paths, line_filter) if index is None
-                else _indexed_requests(paths, index))
-    for request in requests:
+    ``run_id`` keeps only that run's resources (a collector's files hold every run)."""
+    for request in _filtered_requests(paths, line_filter):
         for raw, resource in _raw_spans(request, run_id):
             if names is None or raw.get("name") in names:
                 yield _span(raw, resource)
+
+
+def iter_span_batches(path: Path, run_id: str | None = None
+                      ) -> Iterator[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+    """(byte offset of its line, decoded resource attributes, raw spans as in the file) of
+    every scope's spans in one file, run ``run_id``'s: for the passes over every span,
+    which build no :class:`Span` and decode only what they read (a loop over a batch costs
+    far less per span than a generator yielding each); the offsets let a later pass read a
+    trace's lines only (:func:`spans_at`)."""
+    offset = 0
+    with open(path, "rb") as lines:
+        for line in lines:
+            at, offset = offset, offset + len(line)
+            if not line.strip():
+                continue
+            for request in _decode_line(line.decode("utf-8", errors="replace")):
+                for resource, resource_spans in _resources(request, "resourceSpans", run_id):
+                    for scope_spans in resource_spans.get("scopeSpans", ()):
+                        yield at, resource, scope_spans.get("spans", ())
 
 
 def _raw_spans(request: dict[str, Any], run_id: str | None
@@ -148,40 +190,41 @@ def _raw_spans(request: dict[str, Any], run_id: str | None
                 yield raw, resource
 
 
-def _indexed_requests(paths: Iterable[Path], index: LineIndex) -> Iterator[dict[str, Any]]:
-    for i, path in enumerate(paths):
-        offset = 0
-        with open(path, "rb") as lines:
-            for line in lines:
-                at, offset = offset, offset + len(line)
-                if not line.strip():
-                    continue
-                loc = (i, at)
-                for trace_id in set(_TRACE_ID.findall(line)):  # spans' and links' ids: a
-                    index.setdefault(trace_id.decode(), set()).add(loc)  # superset is fine
-                yield from _decode_line(line.decode("utf-8", errors="replace"))
-
-
 def spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
-             run_id: str | None = None) -> Iterator[Span]:
-    """The spans of ``trace_ids``, reading only the lines ``index`` (filled by
-    :func:`iter_spans`) says hold them."""
-    where = sorted({loc for t in trace_ids for loc in index.get(t, ())})
-    opened: dict[int, Any] = {}
-    try:
-        for i, offset in where:
-            handle = opened.get(i)
-            if handle is None:
-                handle = opened[i] = open(paths[i], "rb")
-            handle.seek(offset)
-            line = handle.readline().decode("utf-8", errors="replace")
-            for request in _decode_line(line):
-                for raw, resource in _raw_spans(request, run_id):
-                    if raw.get("traceId", "") in trace_ids:
-                        yield _span(raw, resource)
-    finally:
-        for handle in opened.values():
-            handle.close()
+             run_id: str | None = None, workers: int | None = None) -> list[Span]:
+    """The spans of ``trace_ids``, reading only the lines ``index`` (file index in
+    ``paths``, offset from :func:`iter_span_batches`) says hold them, in file and line
+    order; the files split over ``workers`` processes as in pass one."""
+    return start_spans_at(paths, index, trace_ids, run_id, workers)()
+
+
+def start_spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
+                   run_id: str | None = None,
+                   workers: int | None = None) -> Callable[[], list[Span]]:
+    """:func:`spans_at` started in the workers; the function returned waits for it."""
+    offsets: dict[int, list[int]] = {}
+    for i, offset in sorted({loc for t in trace_ids for loc in index.get(t, ())}):
+        offsets.setdefault(i, []).append(offset)
+    files = [paths[i] for i in offsets]
+    results = start_chunks(spans_in_lines, files, list(offsets.values()), trace_ids, run_id,
+                           workers=workers)
+    return lambda: [span for part in results() for span in part]
+
+
+def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
+                   trace_ids: set[str], run_id: str | None) -> list[Span]:
+    """The spans of ``trace_ids`` on the lines at ``offsets[k]`` of each (k, path)."""
+    spans = []
+    for k, path in files:
+        with open(path, "rb") as handle:
+            for offset in offsets[k]:
+                handle.seek(offset)
+                line = handle.readline().decode("utf-8", errors="replace")
+                for request in _decode_line(line):
+                    for raw, resource in _raw_spans(request, run_id):
+                        if raw.get("traceId", "") in trace_ids:
+                            spans.append(_span(raw, resource))
+    return spans
 
 
 def _filtered_requests(paths: Iterable[Path],
@@ -206,8 +249,13 @@ def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
         end_ns=int(raw.get("endTimeUnixNano", 0)),
         attributes=decode_attributes(raw.get("attributes")),
         resource=resource,
-        links=[(lk.get("traceId", ""), lk.get("spanId", "")) for lk in raw.get("links", ())],
+        links=links_of(raw),
     )
+
+
+def links_of(raw: dict[str, Any]) -> list[tuple[str, str]]:
+    """(trace id, span id) of each link of a raw span."""
+    return [(lk.get("traceId", ""), lk.get("spanId", "")) for lk in raw.get("links", ())]
 
 
 @dataclass(slots=True)

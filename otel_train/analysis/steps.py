@@ -226,12 +226,13 @@ def over_time(table: StepTable, bins: int = 40) -> list[TimeBin]:
     width = max(1, -(-(last - first + 1) // bins))
     sums: dict[int, list[float]] = defaultdict(lambda: [0.0] * (len(table.phases) + 2))
     names = list(table.phases)
-    for index, step in enumerate(table.steps):
+    for step, duration, *phase_s in zip(table.steps, table.durations, *table.phases.values(),
+                                        strict=True):
         acc = sums[(step - first) // width]
         acc[0] += 1
-        acc[1] += table.durations[index]
-        for k, phase in enumerate(names):
-            acc[k + 2] += table.phases[phase][index]
+        acc[1] += duration
+        for k, seconds in enumerate(phase_s, 2):
+            acc[k] += seconds
     return [TimeBin(first + b * width, min(last, first + (b + 1) * width - 1), acc[1] / acc[0],
                     {p: acc[k + 2] / acc[0] for k, p in enumerate(names)})
             for b, acc in sorted(sums.items())]

@@ -10,11 +10,29 @@ from __future__ import annotations
 
 from array import array
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 from pathlib import Path
+from typing import Any
 
 from otel_train import semconv as sc
-from otel_train.analysis.otlp import LineIndex, Span, iter_spans, signal_files, spans_at
+from otel_train.analysis.otlp import (
+    LineIndex,
+    RawAttributes,
+    Span,
+    attribute,
+    decode_attributes,
+    iter_span_batches,
+    iter_spans,
+    paused_gc,
+    pick_attributes,
+    raw_attributes,
+    signal_files,
+    start_spans_at,
+)
+from otel_train.analysis.parallel import Chunk, start_chunks
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases)
 UNTIMED = "untimed"
@@ -22,6 +40,21 @@ UNTIMED = "untimed"
 PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
+#: the five attributes of a collective's span that pass one reads (of a rank_step's it
+#: reads most, so it decodes them all)
+COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COUNT,
+                                   sc.ATTR_COLLECTIVE_TOTAL_S, sc.ATTR_COLLECTIVE_BYTES,
+                                   sc.ATTR_COLLECTIVE_BUS_BW})
+
+
+#: the rank_step attribute of each timed phase, in ``PHASES`` order (``UNTIMED`` is last)
+_PHASE_TOTALS = tuple(sc.ATTR_PHASE_TOTAL_PREFIX + p for p in PHASES if p != UNTIMED)
+
+
+def _sum(values: array) -> float:
+    """``values`` added one after another from 0.0, as a running total would have been
+    (``sum`` may compensate rounding, which would change the report's last digits)."""
+    return reduce(add, values, 0.0)
 
 
 @dataclass
@@ -33,21 +66,27 @@ class StepTable:
     durations: array = field(default_factory=lambda: array("d"))
     phases: dict[str, array] = field(default_factory=lambda: {p: array("d") for p in PHASES})
 
-    def add(self, span: Span) -> None:
-        attrs = span.attributes
+    def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float) -> None:
+        """One ``train.rank_step`` span: its (decoded) attributes, resource and duration."""
         self.steps.append(int(attrs.get(sc.ATTR_STEP, -1)))
-        self.ranks.append(int(attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0))))
-        duration = float(attrs.get(sc.ATTR_STEP_DURATION, span.duration_s))
+        self.ranks.append(int(attrs.get(sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
+        duration = float(attrs.get(sc.ATTR_STEP_DURATION, duration_s))
         self.durations.append(duration)
         timed = 0.0
-        for phase, column in self.phases.items():
-            if phase != UNTIMED:
-                seconds = float(attrs.get(sc.ATTR_PHASE_TOTAL_PREFIX + phase, 0.0))
-                column.append(seconds)
-                timed += seconds
+        for column, key in zip(self.phases.values(), _PHASE_TOTALS, strict=False):
+            seconds = float(attrs.get(key, 0.0))
+            column.append(seconds)
+            timed += seconds
         # below a millisecond it is clock noise, not work nobody timed
         untimed = duration - timed
         self.phases[UNTIMED].append(untimed if untimed > 1e-3 else 0.0)
+
+    def extend(self, other: StepTable) -> None:
+        self.steps.extend(other.steps)
+        self.ranks.extend(other.ranks)
+        self.durations.extend(other.durations)
+        for phase, column in self.phases.items():
+            column.extend(other.phases[phase])
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -56,38 +95,65 @@ class StepTable:
 @dataclass
 class CollectiveTally:
     count: int = 0
-    total_s: float = 0.0
     bytes: int = 0
-    bw_sum: float = 0.0
     bw_count: int = 0
     bw_max: float = 0.0
+    #: each span's seconds, and its bus bandwidth times its count: summed in span order
+    #: when read, so merging files' tallies gives the sums of reading them in one pass
+    seconds: array = field(default_factory=lambda: array("d"))
+    bw_weighted: array = field(default_factory=lambda: array("d"))
 
-    def add(self, span: Span) -> None:
+    @property
+    def total_s(self) -> float:
+        return _sum(self.seconds)
+
+    @property
+    def bw_sum(self) -> float:
+        return _sum(self.bw_weighted)
+
+    def add(self, attrs: RawAttributes, duration_s: float) -> None:
         """One collective's span, or a summary span of ``collective.count`` of them."""
-        attrs = span.attributes
-        count = int(attrs.get(sc.ATTR_COLLECTIVE_COUNT, 1))
+        count = int(attribute(attrs, sc.ATTR_COLLECTIVE_COUNT, 1))
         self.count += count
-        self.total_s += float(attrs.get(sc.ATTR_COLLECTIVE_TOTAL_S, span.duration_s))
-        self.bytes += int(attrs.get(sc.ATTR_COLLECTIVE_BYTES, 0))
-        bw = attrs.get(sc.ATTR_COLLECTIVE_BUS_BW)
+        self.seconds.append(float(attribute(attrs, sc.ATTR_COLLECTIVE_TOTAL_S, duration_s)))
+        self.bytes += int(attribute(attrs, sc.ATTR_COLLECTIVE_BYTES, 0))
+        bw = attribute(attrs, sc.ATTR_COLLECTIVE_BUS_BW)
         if bw is not None:
-            self.bw_sum += float(bw) * count
+            self.bw_weighted.append(float(bw) * count)
             self.bw_count += count
             self.bw_max = max(self.bw_max, float(bw))
+
+    def merge(self, other: CollectiveTally) -> None:
+        self.count += other.count
+        self.bytes += other.bytes
+        self.bw_count += other.bw_count
+        self.bw_max = max(self.bw_max, other.bw_max)
+        self.seconds.extend(other.seconds)
+        self.bw_weighted.extend(other.bw_weighted)
 
 
 @dataclass
 class CompileTally:
     count: int = 0
-    total_s: float = 0.0
     graph_breaks: int = 0
     reasons: Counter = field(default_factory=Counter)
+    seconds: array = field(default_factory=lambda: array("d"))
 
-    def add(self, span: Span) -> None:
+    @property
+    def total_s(self) -> float:
+        return _sum(self.seconds)
+
+    def add(self, attrs: RawAttributes, duration_s: float) -> None:
         self.count += 1
-        self.total_s += span.duration_s
-        self.graph_breaks += int(span.attributes.get(sc.ATTR_COMPILE_GRAPH_BREAKS, 0))
-        self.reasons[str(span.attributes.get(sc.ATTR_COMPILE_REASON, "unknown"))] += 1
+        self.seconds.append(duration_s)
+        self.graph_breaks += int(attribute(attrs, sc.ATTR_COMPILE_GRAPH_BREAKS, 0))
+        self.reasons[str(attribute(attrs, sc.ATTR_COMPILE_REASON, "unknown"))] += 1
+
+    def merge(self, other: CompileTally) -> None:
+        self.count += other.count
+        self.graph_breaks += other.graph_breaks
+        self.reasons.update(other.reasons)
+        self.seconds.extend(other.seconds)
 
 
 @dataclass
@@ -104,45 +170,122 @@ class TraceDigest:
     files: list[Path] = field(default_factory=list)
     lines: LineIndex = field(default_factory=dict)
 
-    def add(self, span: Span) -> None:
-        if span.name == sc.SPAN_RANK_STEP:
-            self.table.add(span)
-            self.step_trace.setdefault(int(span.attributes.get(sc.ATTR_STEP, -1)), span.trace_id)
-            self.world_size = max(self.world_size, int(span.attributes.get(
-                sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE, 0))))
-        elif span.name == sc.SPAN_STEP:
-            step = int(span.attributes.get(sc.ATTR_STEP, -1))
-            self.step_spans[step] = (span.trace_id, span.duration_s)
-        elif span.name == sc.SPAN_COLLECTIVE:
-            op = str(span.attributes.get(sc.ATTR_COLLECTIVE_OP, "unknown"))
-            self.collectives.setdefault(op, CollectiveTally()).add(span)
-        elif span.name == sc.SPAN_COMPILE:
-            self.compiles.add(span)
-        elif span.name == sc.SPAN_RUN:
-            rank = int(span.attributes.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0)))
-            self.run_spans[rank] = (span.start_ns, span.end_ns)
-        run_id = span.resource.get(sc.RES_RUN_ID)
+    def add(self, raw: dict[str, Any], resource: dict[str, Any]) -> None:
+        """One raw span (:func:`~otel_train.analysis.otlp.iter_span_batches`); only
+        ``PASS_ONE_SPANS`` count, and only the attributes read are decoded."""
+        name = raw.get("name")
+        if name not in PASS_ONE_SPANS:
+            return
+        start_ns = int(raw.get("startTimeUnixNano", 0))
+        end_ns = int(raw.get("endTimeUnixNano", 0))
+        if name == sc.SPAN_RANK_STEP:
+            self._add_rank_step(raw, resource, (end_ns - start_ns) / 1e9)
+        else:
+            self._add_other(name, raw, resource, start_ns, end_ns)
+        run_id = resource.get(sc.RES_RUN_ID)
         if run_id:
             self.run_ids.add(str(run_id))
 
+    def _add_rank_step(self, raw: dict[str, Any], resource: dict[str, Any],
+                       duration_s: float) -> None:
+        attrs = decode_attributes(raw.get("attributes"))  # most are read: all decoded at once
+        self.table.add(attrs, resource, duration_s)
+        self.step_trace.setdefault(int(attrs.get(sc.ATTR_STEP, -1)), raw.get("traceId", ""))
+        self.world_size = max(self.world_size, int(attrs.get(
+            sc.ATTR_WORLD_SIZE, resource.get(sc.RES_WORLD_SIZE, 0))))
 
-def read_traces(run_dir: Path, run_id: str | None = None) -> TraceDigest:
+    def _add_other(self, name: str, raw: dict[str, Any], resource: dict[str, Any],
+                   start_ns: int, end_ns: int) -> None:
+        duration_s = (end_ns - start_ns) / 1e9
+        attrs = (pick_attributes(raw.get("attributes"), COLLECTIVE_ATTRIBUTES)
+                 if name == sc.SPAN_COLLECTIVE else raw_attributes(raw.get("attributes")))
+        if name == sc.SPAN_STEP:
+            step = int(attribute(attrs, sc.ATTR_STEP, -1))
+            self.step_spans[step] = (raw.get("traceId", ""), duration_s)
+        elif name == sc.SPAN_COLLECTIVE:
+            op = str(attribute(attrs, sc.ATTR_COLLECTIVE_OP, "unknown"))
+            self.collectives.setdefault(op, CollectiveTally()).add(attrs, duration_s)
+        elif name == sc.SPAN_COMPILE:
+            self.compiles.add(attrs, duration_s)
+        elif name == sc.SPAN_RUN:
+            rank = int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0)))
+            self.run_spans[rank] = (start_ns, end_ns)
+
+    def merge(self, other: TraceDigest) -> None:
+        """Take in the digest of the next files: the same as reading them after these."""
+        self.table.extend(other.table)
+        self.step_spans.update(other.step_spans)
+        for step, trace_id in other.step_trace.items():
+            self.step_trace.setdefault(step, trace_id)
+        for op, tally in other.collectives.items():
+            self.collectives.setdefault(op, CollectiveTally()).merge(tally)
+        self.compiles.merge(other.compiles)
+        self.run_spans.update(other.run_spans)
+        self.run_ids |= other.run_ids
+        self.world_size = max(self.world_size, other.world_size)
+        for trace_id, where in other.lines.items():
+            self.lines.setdefault(trace_id, []).extend(where)
+
+
+def read_traces(run_dir: Path, run_id: str | None = None,
+                workers: int | None = None) -> TraceDigest:
+    """Pass one over every traces file, the files split over ``workers`` processes (None: as
+    many as pay off, :func:`~otel_train.analysis.parallel.worker_count`)."""
+    return start_reading_traces(run_dir, run_id, workers)()
+
+
+def start_reading_traces(run_dir: Path, run_id: str | None = None,
+                         workers: int | None = None) -> Callable[[], TraceDigest]:
+    """:func:`read_traces` started in the workers; the function returned waits for it."""
+    files = signal_files(run_dir, sc.TRACES_GLOB)
+    results = start_chunks(read_trace_files, files, run_id, workers=workers)
+
+    def digest() -> TraceDigest:
+        merged, *rest = results()
+        for part in rest:
+            merged.merge(part)
+        merged.files = files
+        return merged
+
+    return digest
+
+
+def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
+    """Pass one over (index in the run's files, path) ``files``, one after another."""
     digest = TraceDigest()
-    digest.files = signal_files(run_dir, sc.TRACES_GLOB)
-    for span in iter_spans(digest.files, names=PASS_ONE_SPANS, run_id=run_id,
-                           index=digest.lines):
-        digest.add(span)
+    lines = digest.lines
+    with paused_gc():
+        for file_index, path in files:
+            for offset, resource, spans in iter_span_batches(path, run_id):
+                for trace_id in {raw.get("traceId", "") for raw in spans}:
+                    where = lines.setdefault(trace_id, [])
+                    if not where or where[-1] != (file_index, offset):
+                        where.append((file_index, offset))
+                for raw in spans:
+                    if raw.get("name") in PASS_ONE_SPANS:
+                        digest.add(raw, resource)
     return digest
 
 
 def spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None,
-                    digest: TraceDigest | None = None) -> list[Span]:
+                    digest: TraceDigest | None = None,
+                    workers: int | None = None) -> list[Span]:
     """Pass two: every span of a few traces. With pass one's ``digest``, only the lines
-    that hold them are read (by offset); else lines holding none of them are not parsed."""
+    that hold them are read (by offset, the files split over ``workers`` processes); else
+    lines holding none of them are not parsed."""
+    return start_spans_of_traces(run_dir, trace_ids, run_id, digest, workers)()
+
+
+def start_spans_of_traces(run_dir: Path, trace_ids: set[str], run_id: str | None = None,
+                          digest: TraceDigest | None = None,
+                          workers: int | None = None) -> Callable[[], list[Span]]:
+    """:func:`spans_of_traces` started (in the workers, with a ``digest``); the function
+    returned waits for it."""
     if not trace_ids:
-        return []
+        return list
     if digest is not None and digest.files:
-        return list(spans_at(digest.files, digest.lines, trace_ids, run_id))
+        return start_spans_at(digest.files, digest.lines, trace_ids, run_id, workers)
     needles = tuple(trace_ids)
-    return [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), line_filter=needles,
-                                  run_id=run_id) if s.trace_id in trace_ids]
+    return lambda: [s for s in iter_spans(signal_files(run_dir, sc.TRACES_GLOB),
+                                          line_filter=needles, run_id=run_id)
+                    if s.trace_id in trace_ids]

@@ -9,18 +9,32 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import (
     Span,
+    decode_value,
     iter_log_records,
-    iter_spans,
+    iter_span_batches,
+    links_of,
     paused_gc,
+    pick_attributes,
     signal_files,
 )
+from otel_train.analysis.parallel import Chunk, map_chunks
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
+#: the span kinds whose ranks and counts are checked per step
+SPAN_KIND = {**SPAN_PHASE, sc.SPAN_RANK_STEP: "rank_step"}
+#: the only span attributes the checks read
+READ_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP})
+
+
+#: name, trace id, span id, parent id, links, rank, world size, step (the last three as
+#: decoded, None where the span has none)
+SpanRow = tuple[str, str, str, str, list[tuple[str, str]], Any, Any, Any]
 
 
 @dataclass
@@ -40,44 +54,114 @@ class TraceEvidence:
     roots: dict[int, str] = field(default_factory=dict)  # step: train.step span id
     rank_step_parents: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: (step, phase or "rank_step"): bitmask of the ranks seen, and the number of spans
-    rank_masks: dict[tuple[int, str], int] = field(default_factory=lambda: defaultdict(int))
-    span_counts: Counter = field(default_factory=Counter)
+    rank_masks: dict[tuple[int, str], int] = field(default_factory=dict)
+    span_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     run_spans: dict[int, RunSpan] = field(default_factory=dict)
     resolved: set[tuple[str, str]] = field(default_factory=set)  # exemplar targets found
     traces_seen_of_targets: set[str] = field(default_factory=set)
 
     def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
-        self.spans += 1
         attrs = span.attributes
-        rank = attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK))
-        if rank is not None:
-            self.ranks.add(int(rank))
-        size = attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE))
-        if size is not None:
-            self.world_size = max(self.world_size, int(size))
-        if span.trace_id in target_traces:
-            self.traces_seen_of_targets.add(span.trace_id)
-            if (span.trace_id, span.span_id) in targets:
-                self.resolved.add((span.trace_id, span.span_id))
-        if span.name == sc.SPAN_RUN and rank is not None:
-            self.run_spans[int(rank)] = RunSpan(span.trace_id, span.parent_id, span.links)
-        step = attrs.get(sc.ATTR_STEP)
-        if step is not None:
-            self._add_step_span(span, int(step), None if rank is None else int(rank))
+        self._add_rows([(span.name, span.trace_id, span.span_id, span.parent_id, span.links,
+                         attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK)),
+                         attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
+                         attrs.get(sc.ATTR_STEP))], targets, target_traces)
 
-    def _add_step_span(self, span: Span, step: int, rank: int | None) -> None:
-        if self.step_trace.setdefault(step, span.trace_id) != span.trace_id:
-            self.extra_traces[step].add(span.trace_id)
-        if span.name == sc.SPAN_STEP:
-            self.roots[step] = span.span_id
-            return
-        kind = "rank_step" if span.name == sc.SPAN_RANK_STEP else SPAN_PHASE.get(span.name)
-        if kind is None or rank is None:
-            return
-        if kind == "rank_step":
-            self.rank_step_parents[step].add(span.parent_id)
-        self.rank_masks[(step, kind)] |= 1 << rank
-        self.span_counts[(step, kind)] += 1
+    def add_batch(self, spans: list[dict[str, Any]], resource: dict[str, Any],
+                  targets: set[tuple[str, str]], target_traces: set[str]) -> None:
+        """:meth:`add` of each span of one batch as it is in the file
+        (:func:`~otel_train.analysis.otlp.iter_span_batches`), decoding only the three
+        attributes read."""
+        resource_rank = resource.get(sc.RES_RANK)
+        resource_size = resource.get(sc.RES_WORLD_SIZE)
+        key_rank, key_size, key_step, run = (sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP,
+                                             sc.SPAN_RUN)
+        rows = []
+        for raw in spans:
+            attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
+            rank, size, step = attrs.get(key_rank), attrs.get(key_size), attrs.get(key_step)
+            name = raw.get("name", "")
+            rows.append((name, raw.get("traceId", ""), raw.get("spanId", ""),
+                         raw.get("parentSpanId", "") or "",
+                         links_of(raw) if name == run else [],
+                         resource_rank if rank is None else decode_value(rank),
+                         resource_size if size is None else decode_value(size),
+                         None if step is None else decode_value(step)))
+        self._add_rows(rows, targets, target_traces)
+
+    def _add_rows(self, rows: list[SpanRow], targets: set[tuple[str, str]],
+                  target_traces: set[str]) -> None:
+        """One loop over many spans, with what it touches in locals (it runs once for every
+        span of the run: a method call per span cost more than the work it did)."""
+        ranks, step_trace, masks, counts = (self.ranks, self.step_trace, self.rank_masks,
+                                            self.span_counts)
+        world, run, step_root, rank_step = (self.world_size, sc.SPAN_RUN, sc.SPAN_STEP,
+                                            sc.SPAN_RANK_STEP)
+        self.spans += len(rows)
+        for name, trace_id, span_id, parent_id, links, rank, size, step in rows:
+            if rank is not None:
+                rank = int(rank)
+                ranks.add(rank)
+            if size is not None and int(size) > world:
+                world = int(size)
+            if trace_id in target_traces:
+                self.traces_seen_of_targets.add(trace_id)
+                if (trace_id, span_id) in targets:
+                    self.resolved.add((trace_id, span_id))
+            if name == run and rank is not None:
+                self.run_spans[rank] = RunSpan(trace_id, parent_id, links)
+            if step is None:
+                continue
+            step = int(step)
+            if step_trace.setdefault(step, trace_id) != trace_id:
+                self.extra_traces[step].add(trace_id)
+            if name == step_root:
+                self.roots[step] = span_id
+                continue
+            kind = SPAN_KIND.get(name)
+            if kind is None or rank is None:
+                continue
+            if name == rank_step:
+                self.rank_step_parents[step].add(parent_id)
+            key = (step, kind)
+            masks[key] = masks.get(key, 0) | 1 << rank
+            counts[key] = counts.get(key, 0) + 1
+        self.world_size = world
+
+    def merge(self, other: TraceEvidence) -> None:
+        """Take in the evidence of the next files: the same as reading their spans after
+        this evidence's."""
+        self.spans += other.spans
+        self.world_size = max(self.world_size, other.world_size)
+        self.ranks |= other.ranks
+        for step, first in other.step_trace.items():
+            mine = self.step_trace.setdefault(step, first)
+            seen = {first} | other.extra_traces.get(step, set())
+            if seen - {mine}:
+                self.extra_traces[step] |= seen - {mine}
+        self.roots.update(other.roots)
+        for step, parents in other.rank_step_parents.items():
+            self.rank_step_parents[step] |= parents
+        masks, counts = self.rank_masks, self.span_counts
+        for key, mask in other.rank_masks.items():
+            masks[key] = masks.get(key, 0) | mask
+        for key, count in other.span_counts.items():
+            counts[key] = counts.get(key, 0) + count
+        self.run_spans.update(other.run_spans)
+        self.resolved |= other.resolved
+        self.traces_seen_of_targets |= other.traces_seen_of_targets
+
+
+def read_trace_files(files: Chunk, run_id: str | None, targets: set[tuple[str, str]],
+                     target_traces: set[str]) -> TraceEvidence:
+    """The evidence of (index, path) ``files``, read one after another (a worker's share of
+    :func:`gather`)."""
+    evidence = TraceEvidence()
+    with paused_gc():
+        for _, path in files:
+            for _, resource, spans in iter_span_batches(path, run_id):
+                evidence.add_batch(spans, resource, targets, target_traces)
+    return evidence
 
 
 @dataclass
@@ -113,21 +197,25 @@ class RunEvidence:
 
 
 def gather(run_dir: Path, run_id: str | None = None,
-           live_exemplars: frozenset[tuple[str, str]] = frozenset()) -> RunEvidence:
+           live_exemplars: frozenset[tuple[str, str]] = frozenset(),
+           workers: int | None = None) -> RunEvidence:
     """``live_exemplars``: (trace id, span id) of exemplars a live Prometheus holds for this
-    run, resolved against the files' spans in the same pass."""
+    run, resolved against the files' spans in the same pass; ``workers`` processes read the
+    traces files (None: one per CPU when the files are large; the evidence is the same
+    whatever the number)."""
     with paused_gc():
-        return _gather(run_dir, run_id, live_exemplars)
+        return _gather(run_dir, run_id, live_exemplars, workers)
 
 
-def _gather(run_dir: Path, run_id: str | None,
-            live_exemplars: frozenset[tuple[str, str]]) -> RunEvidence:
+def _gather(run_dir: Path, run_id: str | None, live_exemplars: frozenset[tuple[str, str]],
+            workers: int | None) -> RunEvidence:
     metrics = read_metrics(run_dir, run_id)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars} | live_exemplars
     target_traces = {t for t, _ in targets}
-    traces = TraceEvidence()
-    for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB), run_id=run_id):
-        traces.add(span, targets, target_traces)
+    traces, *rest = map_chunks(read_trace_files, signal_files(run_dir, sc.TRACES_GLOB),
+                               run_id, targets, target_traces, workers=workers)
+    for part in rest:
+        traces.merge(part)
     logs = LogEvidence()
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
     for record in iter_log_records(log_files, run_id):

@@ -12,11 +12,13 @@ SOURCE = trace_checks.SOURCE
 
 
 def check_run_dir(run_dir: Path, run_id: str | None = None,
-                  live_exemplars: frozenset[tuple[str, str]] | None = None) -> list[CheckResult]:
+                  live_exemplars: frozenset[tuple[str, str]] | None = None,
+                  workers: int | None = None) -> list[CheckResult]:
     """Every checklist item a run directory can answer; ``run_id`` picks one run out of
     files that hold several (a collector's output); ``live_exemplars`` (from a live
-    Prometheus) are resolved against the files' spans too."""
-    evidence = gather(run_dir, run_id, live_exemplars or frozenset())
+    Prometheus) are resolved against the files' spans too; ``workers``: processes reading
+    the traces files (None: as many as pay off)."""
+    evidence = gather(run_dir, run_id, live_exemplars or frozenset(), workers)
     results = [check(evidence) for check in trace_checks.CHECKS + signal_checks.CHECKS]
     if live_exemplars is not None:
         results.append(signal_checks.live_exemplars_resolve(evidence))
