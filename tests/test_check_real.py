@@ -112,3 +112,21 @@ def test_a_rank_losing_the_launcher_context_fails(copy: Path) -> None:
     rewrite_lines(copy, sc.TRACES_GLOB, orphan_rank_1)
     status, evidence = verdicts(copy)["launcher_context"]
     assert status == FAIL and evidence == "ranks [1] have no launcher parent"
+
+
+def test_a_run_with_exponential_histograms_passes_the_same_checklist(tmp_path: Path) -> None:
+    """The aggregation the series budget recommends for Prometheus
+    (``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION``) also shapes the files: the
+    readers take exponential histograms (their exemplars, sums and counts) as they take
+    explicit ones, so the checklist is the same."""
+    run = run_demo(tmp_path, "check-exponential", STEPS, env={
+        "TRACEPARENT": TRACEPARENT,
+        "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION":
+            "base2_exponential_bucket_histogram"})
+    metrics = "".join(p.read_text() for p in run.glob("metrics*.jsonl"))
+    assert '"exponentialHistogram"' in metrics and '"explicitBounds"' not in metrics
+    results = verdicts(run)
+    results.pop("throttling_alert")
+    throttling = results.pop("cpu_throttling_measured")
+    assert throttling[0] == PASS or throttling[1].startswith("no training.cpu.throttled.time")
+    assert {item: status for item, (status, _) in results.items()} == dict.fromkeys(results, PASS)

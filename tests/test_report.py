@@ -40,6 +40,27 @@ def test_otlp_values_decode_to_python_types() -> None:
     assert attrs == {"i": 123, "d": 1.5, "s": "x", "b": True, "a": [1]}
 
 
+def test_exponential_histogram_points_read_as_histograms(tmp_path: Path) -> None:
+    """OTLP JSON of an exponential histogram (scale 0: base 2) reads as the explicit one it
+    equals: sum, count, exemplars, and buckets as bounds (positive bucket i is (2**i,
+    2**(i+1)]; zero and below in the first)."""
+    from otel_train.analysis.otlp import iter_metric_points
+
+    point = {"attributes": [{"key": "training.rank", "value": {"intValue": "1"}}],
+             "startTimeUnixNano": "1", "timeUnixNano": "2", "count": "6", "sum": 70.5,
+             "scale": 0, "zeroCount": "1", "positive": {"offset": 3, "bucketCounts": ["2", "3"]},
+             "exemplars": [{"asDouble": 9.0, "traceId": "ab", "spanId": "cd"}]}
+    line = {"resourceMetrics": [{"resource": {"attributes": []}, "scopeMetrics": [{
+        "metrics": [{"name": "training.step.duration", "unit": "s",
+                     "exponentialHistogram": {"dataPoints": [point]}}]}]}]}
+    path = tmp_path / "metrics.rank-1.jsonl"
+    path.write_text(json.dumps(line) + "\n")
+    (got,) = list(iter_metric_points([path]))
+    assert (got.kind, got.value, got.count, got.rank) == ("histogram", 70.5, 6, 1)
+    assert got.bounds == [8.0, 16.0, 32.0] and got.bucket_counts == [1, 2, 3, 0]
+    assert got.exemplars[0]["traceId"] == "ab"
+
+
 def test_first_compile_is_the_slowest_step(report) -> None:
     first = report.slow_steps[0]
     assert (first.step, first.phase) == (0, sc.PHASE_COMPILE)

@@ -291,11 +291,11 @@ def iter_metric_points(paths: Iterable[Path], run_id: str | None = None
 
 
 def _points(metric: dict[str, Any], resource: dict[str, Any]) -> Iterator[MetricPoint]:
-    for kind in ("histogram", "sum", "gauge"):
+    for kind in ("histogram", "sum", "gauge", "exponentialHistogram"):
         if kind in metric:
             break
     else:
-        return  # exponential histograms and summaries are not part of the contract
+        return  # summaries are not part of the contract
     for raw in metric[kind].get("dataPoints", ()):
         point = MetricPoint(
             name=metric.get("name", ""), kind=kind, unit=metric.get("unit", ""),
@@ -308,9 +308,32 @@ def _points(metric: dict[str, Any], resource: dict[str, Any]) -> Iterator[Metric
             point.count = int(raw.get("count", 0))
             point.bucket_counts = [int(c) for c in raw.get("bucketCounts", ())]
             point.bounds = [float(b) for b in raw.get("explicitBounds", ())]
+        elif kind == "exponentialHistogram":
+            # OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=
+            # base2_exponential_bucket_histogram: the same histogram, its buckets as bounds
+            point.kind = "histogram"
+            point.value = float(raw.get("sum", 0.0))
+            point.count = int(raw.get("count", 0))
+            point.bounds, point.bucket_counts = _exponential_buckets(raw)
         else:
             point.value = float(raw["asDouble"] if "asDouble" in raw else raw.get("asInt", 0))
         yield point
+
+
+def _exponential_buckets(raw: dict[str, Any]) -> tuple[list[float], list[int]]:
+    """An exponential histogram point's buckets as explicit ones: bounds and counts (one
+    more count than bounds, the last above every bound). Positive bucket ``i`` holds values
+    in (base**i, base**(i + 1)], base = 2**(2**-scale); zero and negative values go in the
+    first bucket, at or below the first positive bucket's lower bound. Durations and sizes
+    are never negative."""
+    base = 2.0 ** (2.0 ** -int(raw.get("scale", 0)))
+    positive = raw.get("positive") or {}
+    offset = int(positive.get("offset", 0))
+    counts = [int(c) for c in positive.get("bucketCounts", ())]
+    negative = sum(int(c) for c in (raw.get("negative") or {}).get("bucketCounts", ()))
+    low = int(raw.get("zeroCount", 0)) + negative
+    bounds = [base ** offset] + [base ** (offset + k + 1) for k in range(len(counts))]
+    return bounds, [low, *counts, 0]
 
 
 @dataclass(slots=True)
