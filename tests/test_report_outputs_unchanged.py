@@ -5,6 +5,9 @@ in this process or spread over worker processes."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,29 +17,49 @@ from otel_train import semconv as sc
 from otel_train.analysis import parallel
 from otel_train.analysis.otlp import signal_files
 
+#: the CLI with three forked workers however small the files and few the CPUs, in a fresh
+#: interpreter: workers are forked only from a single-threaded process, and the test
+#: process may hold other tests' threads
+_WITH_WORKERS = r"""
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from otel_train import semconv as sc
+from otel_train.analysis import parallel
+from otel_train.analysis.otlp import signal_files
+from report_golden import CASES, outputs
+parallel.MIN_PARALLEL_BYTES = 0
+parallel.usable_cpus = lambda: 3
+run_dir, case = Path(sys.argv[2]), sys.argv[3]
+workers = parallel.worker_count(signal_files(run_dir, sc.TRACES_GLOB))
+print(json.dumps({"workers": workers, "outputs": outputs(run_dir, CASES[case][1])}))
+"""
+
 
 @pytest.fixture(scope="module")
 def run_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: write(tmp_path_factory.mktemp(name)) for name, (write, _) in CASES.items()}
 
 
-@pytest.fixture(params=["one process", "three workers"])
-def reading(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "three workers":  # however small the files and few the CPUs
-        monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", 0)
-        monkeypatch.setattr(parallel, "usable_cpus", lambda: 3)
-    else:
-        monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", float("inf"))
-    return request.param
-
-
+@pytest.mark.parametrize("reading", ["one process", "three workers"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_report_and_check_print_what_they_printed_before(
-        case: str, reading: str, run_dirs: dict[str, Path]) -> None:
+        case: str, reading: str, run_dirs: dict[str, Path],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     files = signal_files(run_dirs[case], sc.TRACES_GLOB)
-    expected_workers = min(3, len(files)) if reading == "three workers" else 1
-    assert parallel.worker_count(files) == expected_workers
-    for file, text in outputs(run_dirs[case], CASES[case][1]).items():
+    if reading == "one process":
+        monkeypatch.setattr(parallel, "MIN_PARALLEL_BYTES", float("inf"))
+        assert parallel.worker_count(files) == 1
+        got = outputs(run_dirs[case], CASES[case][1])
+    else:
+        done = subprocess.run(
+            [sys.executable, "-c", _WITH_WORKERS, str(Path(__file__).parent),
+             str(run_dirs[case]), case], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        child = json.loads(done.stdout.splitlines()[-1])
+        assert child["workers"] == min(3, len(files))
+        got = child["outputs"]
+    for file, text in got.items():
         assert text == (GOLDEN / f"{case}.{file}").read_text(encoding="utf-8"), file
 
 
