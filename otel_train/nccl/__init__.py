@@ -140,17 +140,8 @@ class Plugin:
     def read(self) -> tuple[list[tuple[int, ...]], int]:
         """Every record written since the last read, oldest first, and how many the ring
         overwrote before this read could copy them."""
-        out: list[tuple[int, ...]] = []
-        lost = 0
-        while True:
-            n = self._lib.otel_train_nccl_read(self._buf, _BATCH, ctypes.byref(self._lost))
-            lost += self._lost.value
-            if n <= 0:
-                break
-            out.extend(RECORD.iter_unpack(self._view[:n * RECORD.size]))
-            if n < _BATCH:
-                break
-        return out, lost
+        data, lost = self.read_raw()
+        return list(RECORD.iter_unpack(data)), lost
 
     def read_raw(self) -> tuple[bytes, int]:
         """Like :meth:`read`, the records as the plugin wrote them (64 bytes each): no
@@ -165,7 +156,7 @@ class Plugin:
             chunks.append(bytes(self._view[:n * RECORD.size]))
             if n < _BATCH:
                 break
-        return (chunks[0] if len(chunks) == 1 else b"".join(chunks)), lost
+        return b"".join(chunks), lost
 
     def complete(self) -> int:
         """Complete, now and on this thread, every kernel launch that has finished on the

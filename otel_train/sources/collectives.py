@@ -239,13 +239,13 @@ class Ledger:
         self._plugin_confirmed = False
         self._fallback = None
         if self.plugin is not None:
-            if self.plugin.comms():
+            if self.plugin.has_comms():
                 self._plugin_confirmed = True
             elif _nccl_groups_bound():
                 self.plugin = None  # NCCL started without it: the flight recorder it is
             if self.plugin is not None:
                 self._fallback, self.flight_recorder = self.flight_recorder, None
-                self.plugin.read()  # what came before instrumentation belongs to no step
+                self.plugin.read_raw()  # what came before instrumentation belongs to no step
         self._rows = nccl.Records()  # the plugin's records not yet given to a step
         self._rows_for_steps: dict[int, bytes] = {}
         self._clear_before = 0  # perf ns before which every plugin operation has finished
@@ -474,7 +474,7 @@ class Ledger:
         if now - self._harvested_at < 1e9:
             return
         self._harvested_at = now
-        if self.plugin is not None and self.plugin.comms():
+        if self.plugin is not None and self.plugin.has_comms():
             self._plugin_confirmed = True
             return
         fr = self._fallback
