@@ -50,8 +50,12 @@ class Config:
     run_id: str | None = None
     #: the hot-path buffer's capacity in records; beyond it records are dropped and counted
     queue_size: int = 65536
-    #: how often the background emitter wakes to drain the buffer
-    emit_interval_s: float = 0.2
+    #: how often the background emitter wakes to drain the buffer (sources that poll
+    #: something finer, the flight recorder's reads, ask for an earlier wake-up). Each
+    #: wake-up has a fixed cost (~300 us of cold caches on a busy host, measured in
+    #: bench/results/overhead-cpu.md): once a second costs ~100 us a rank-step less than
+    #: five times a second, and telemetry leaves at most a second later
+    emit_interval_s: float = 1.0
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0
     #: per-rank Prometheus endpoint: port of local rank 0 (rank r serves on port + r); None: off

@@ -49,14 +49,10 @@ class Recorder:
 
     def drain(self, limit: int = 1 << 30) -> list[tuple[Any, ...]]:
         """Everything buffered so far (up to ``limit`` records), oldest first."""
-        out = []
         popleft = self._queue.popleft
-        try:
-            for _ in range(limit):
-                out.append(popleft())
-        except IndexError:
-            pass
-        return out
+        # what is there now; records put meanwhile wait for the next drain (only this
+        # thread takes from the queue, so it never runs short)
+        return [popleft() for _ in range(min(len(self._queue), limit))]
 
     def __len__(self) -> int:
         return len(self._queue)

@@ -44,7 +44,7 @@ def test_arguments_override_the_environment():
 @pytest.mark.parametrize("name,value,field,default", [
     ("OTEL_TRAIN_QUEUE_SIZE", "-3", "queue_size", 65536),
     ("OTEL_TRAIN_QUEUE_SIZE", "lots", "queue_size", 65536),
-    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "nan", "emit_interval_s", 0.2),
+    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "nan", "emit_interval_s", 1.0),
     ("OTEL_TRAIN_PROMETHEUS_PORT", "70000", "prometheus_port", None),
     ("OTEL_TRAIN_EXPORTER", "kafka", "exporter", "auto"),
     ("OTEL_TRAIN_RUN_ID", "../../etc", "run_id", None),

@@ -116,12 +116,12 @@ _SIGKILLED_TRAINER = textwrap.dedent("""
     import os, signal, sys, time
     import training, otel_train
     model, opt, loader = training.setup(batches=1000)
-    with otel_train.instrument(model, output_dir=sys.argv[1]) as inst:
+    with otel_train.instrument(model, output_dir=sys.argv[1], emit_interval_s=0.05) as inst:
         print(inst._pipeline.pid, flush=True)
         for i, batch in enumerate(loader):
             training.one_step(model, opt, batch)
             if i == 5:
-                time.sleep(0.5)  # a drain has reached the exporter
+                time.sleep(0.5)  # ten drains (emit_interval_s) have reached the exporter
                 os.kill(os.getpid(), signal.SIGKILL)
 """)
 

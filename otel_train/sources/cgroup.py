@@ -60,6 +60,19 @@ def throttled_seconds(path: Path) -> float:
 _THROTTLED = re.compile(r"^throttled_(usec|time) (\d+)", re.MULTILINE)
 
 
+def _throttled_of_raw(raw: bytes) -> float:
+    """:func:`parse_throttled` of the file's bytes, without decoding them where cgroup v2's
+    ``throttled_usec`` line is found (read at every step on the emitter thread)."""
+    at = raw.find(b"\nthrottled_usec ")
+    if at >= 0:
+        end = raw.find(b"\n", at + 16)
+        try:
+            return int(raw[at + 16:end if end >= 0 else len(raw)]) / 1e6
+        except ValueError:
+            pass
+    return parse_throttled(raw.decode())
+
+
 def parse_throttled(text: str) -> float:
     """``cpu.stat``'s throttled time in seconds (v2 ``throttled_usec``, v1 ``throttled_time``)."""
     found = dict(_THROTTLED.findall(text))
@@ -130,7 +143,7 @@ class CgroupSource:
 
     def _on_step(self, info: Any) -> None:
         raw = self.samples.pop(info.step, None)
-        now = parse_throttled(raw.decode()) if raw is not None else throttled_seconds(self.path)
+        now = _throttled_of_raw(raw) if raw is not None else throttled_seconds(self.path)
         delta, self.last = max(0.0, now - self.last), now
         duration_s = max(0.0, (info.end_ns - info.start_ns) / 1e9)
         info.extra_attributes[semconv.ATTR_CPU_THROTTLED] = min(delta, duration_s)

@@ -45,6 +45,9 @@ _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZ
 #: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
 ENV_PG_HOOKS = "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"
 _MIN_TORCH = (2, 6)
+#: how often Works without a future (gloo's asynchronous reduce_scatter) are polled for
+#: their completion while one is in flight: the resolution of their durations
+_WORK_POLL_S = 0.05
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -257,7 +260,7 @@ class Ledger:
         # Each read dumps and parses the whole buffer with the GIL held (torch offers no
         # incremental read): measured at 2 GPUs, reading it around every step cost 21% of
         # step time. So it is read every ``nccl_harvest_interval_s``, and finished steps wait
-        # (held by the emitter, at most 64) for the first read after them, so their exposed
+        # (held by the emitter, at most 512) for the first read after them, so their exposed
         # communication still counts their NCCL collectives.
         # The ring buffer overwrites its oldest entries: read before it fills (the interval
         # shortens to the rate of collectives seen), and count what was lost anyway.
@@ -267,7 +270,9 @@ class Ledger:
         self._buffer = buffer_size()
         self._last_read: tuple[int, int] | None = None  # (perf ns, highest record id)
         self._rate = 0.0  # entries a second, the recent peak (halving at each quiet read)
-        self._tick_s = ctx.config.emit_interval_s
+        # reads happen on the emitter's ticks, which wake for them (wake_within), up to a
+        # drain's length late
+        self._tick_s = min(ctx.config.emit_interval_s, 0.2)
         self.lost = 0
         self.reads = 0
         self.read_s = 0.0  # seconds spent reading the flight recorder (dump, parse, book)
@@ -276,7 +281,8 @@ class Ledger:
             self.flight_recorder.baseline()
         self._offered: dict[int, int] = {}
         if self.flight_recorder is not None or self.plugin is not None:
-            emitter.hold_steps(self._ready, max_held=64, with_end=True)
+            # a second of steps between drains (emit_interval_s), fast ones too
+            emitter.hold_steps(self._ready, max_held=512, with_end=True)
         meter = ctx.meter
         self.duration = meter.create_histogram(
             semconv.METRIC_COLLECTIVE_DURATION, unit="s",
@@ -313,10 +319,9 @@ class Ledger:
     def on_record(self, payload: tuple[Any, ...]) -> None:
         kind = payload[0]
         if kind == ISSUE:
-            (_, key, op, api, backend, group, group_size, nbytes, dtype, shape, async_op, t0,
-             step, seq, source) = payload
-            self.pending[key] = Collective(key, op, api, backend, group, group_size, nbytes,
-                                           dtype, shape, async_op, t0, step, seq, source)
+            # (ISSUE, key, op, api, backend, group, group_size, nbytes, dtype, shape,
+            #  async_op, t0, step, seq, source): Collective's first fields, in order
+            self.pending[payload[1]] = Collective(*payload[1:])
         elif kind == DONE:
             coll = self.pending.pop(payload[1], None)
             if coll is not None:
@@ -347,16 +352,23 @@ class Ledger:
 
     def tick(self) -> None:
         now = time.perf_counter_ns()
-        for coll in [c for c in self.pending.values() if c.work is not None]:
+        polled = [c for c in self.pending.values() if c.work is not None]
+        for coll in polled:
             if coll.work.is_completed():  # non-blocking; Works without a future only
                 del self.pending[coll.key]
                 coll.done = now
                 self._finish(coll)
+        if any(c.done is None for c in polled):
+            # their completion is seen when polled: keep the resolution they always had
+            self.emitter.wake_within(_WORK_POLL_S)
         if self.plugin is not None:
             self._plugin_tick(now)
-        elif (self.flight_recorder is not None
-                and now - self._harvested_at > self._harvest_interval_ns):
-            self._harvest()
+        elif self.flight_recorder is not None:
+            if now - self._harvested_at > self._harvest_interval_ns:
+                self._harvest()
+            # the next read before the ring can wrap, not at the next drain
+            self.emitter.wake_within(
+                (self._harvested_at + self._harvest_interval_ns - now) / 1e9)
         self.stall.check(list(self.pending.values()), now)
 
     def _harvest(self) -> None:
