@@ -319,3 +319,4 @@ def test_auto_names_the_plugin_only_where_nccl_surely_loads_it():
     assert "device_id" in auto_declines((2, 28, 9), bound=True, ran=False)
     assert "ran before" in auto_declines((2, 28, 9), bound=False, ran=True)
     assert "cannot tell" in auto_declines((2, 28, 9), bound=False, ran=None)
+    assert "one rank" in auto_declines((2, 28, 9), bound=False, ran=False, world_size=1)

@@ -24,7 +24,10 @@ def test_the_straggler_alert_names_the_slow_rank_on_replayed_metrics(tmp_path: P
     prometheus_binary()
     run_dir = run_demo(tmp_path / "runs", "replay-straggler", 25,
                        ("--slow-rank", "1", "--ddp", "--workers", "0"),
-                       env={"OTEL_METRIC_EXPORT_INTERVAL": "500"})
+                       # a run of seconds, exported every half second: the points must
+                       # reach the exporter as often (the default drains once a second)
+                       env={"OTEL_METRIC_EXPORT_INTERVAL": "500",
+                            "OTEL_TRAIN_EMIT_INTERVAL_MS": "200"})
     ev = evaluate(run_dir, tmp_path / "eval", "TrainingStragglerRank",
                   (SHARE, PER_STEP, OVER_MEDIAN), run_id="replay-straggler")
     assert ev.sent["requests"] >= 4 and ev.sent["points"] > 0, ev.sent

@@ -215,6 +215,7 @@ class Trainer:
         "default": {},  # every step sampled (gateway tail sampling decides what is kept)
         "sampled10": {"sampler_name": "parentbased_traceidratio", "sampler_arg": 0.1},
         "summary": {"collective_spans": "summary"},  # every step, a span per (phase, op)
+        "i200": {"emit_interval_s": 0.2},  # the emitter's wake-ups as before 2026-12-01
     }
 
     def overhead(self) -> dict[str, Any]:
@@ -258,6 +259,7 @@ class Trainer:
         "inproc": {"export_process": False},  # the providers on a thread of this process
         "summary": {"collective_spans": "summary"},
         "none": {"exporter": "none"},
+        "i200": {"emit_interval_s": 0.2},  # the emitter's wake-ups as before 2026-12-01
     }
 
     def _cost_block(self, arm: str, steps: int) -> dict[str, Any]:

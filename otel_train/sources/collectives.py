@@ -168,11 +168,14 @@ def _nccl_ran() -> bool | None:
     return recorder.highest is not None and recorder.highest >= 0
 
 
-def auto_declines(version: tuple[int, ...] | None, bound: bool, ran: bool | None
-                  ) -> str | None:
+def auto_declines(version: tuple[int, ...] | None, bound: bool, ran: bool | None,
+                  world_size: int = 2) -> str | None:
     """Why ``nccl_plugin="auto"`` leaves NCCL to the flight recorder, or None to name the
     plugin: NCCL too old for its interface, communicators made already (eagerly, or by an
-    operation that ran), or no way to tell."""
+    operation that ran), no way to tell, or a world of one rank (NCCL runs a one-rank
+    communicator's operations without calling its profiler: measured on an H200, call 30)."""
+    if world_size < 2:
+        return "one rank: NCCL runs one-rank communicators without its profiler plugin"
     if version is None or version[:2] < _MIN_NCCL:
         return (f"NCCL {'.'.join(map(str, version)) if version else 'unknown'} is older "
                 f"than {'.'.join(map(str, _MIN_NCCL))}")
@@ -200,7 +203,10 @@ def _name_the_plugin(log: Any, auto: bool = False) -> None:
                  reason=f"{nccl.ENV_NCCL} names another plugin")
         return
     if auto:
-        reason = auto_declines(_nccl_version(), _nccl_groups_bound(), _nccl_ran())
+        import torch.distributed as dist
+
+        reason = auto_declines(_nccl_version(), _nccl_groups_bound(), _nccl_ran(),
+                               dist.get_world_size() if dist.is_initialized() else 2)
         if reason is not None:
             log.info("otel_train.nccl_plugin", used=False, reason=reason,
                      source="nccl_flight_recorder", hint=hint)
@@ -239,7 +245,8 @@ class Ledger:
         # in C, read in batches, expanded where spans are built (nccl/rows.py); the flight
         # recorder is then read only to notice that NCCL did not load the plugin
         self.plugin = nccl.loaded() if recorder.available() else None
-        self._plugin_confirmed = False
+        self._plugin_confirmed = False  # NCCL made a communicator with the plugin
+        self._plugin_ops_seen = False  # and called it for an operation
         self._fallback = None
         if self.plugin is not None:
             if self.plugin.has_comms():
@@ -463,7 +470,7 @@ class Ledger:
         data, lost = plugin.read_raw()
         if data:
             self._rows.add(data, self._since)
-            self._plugin_confirmed = True
+            self._plugin_confirmed = self._plugin_ops_seen = True
         if lost:
             self._count_lost(lost)
         self._clear_before = oldest[3] if n else now
@@ -474,20 +481,22 @@ class Ledger:
         started = time.perf_counter_ns()
         try:
             self._plugin_read()
-            if not self._plugin_confirmed and self._fallback is not None:
+            if not self._plugin_ops_seen and self._fallback is not None:
                 self._maybe_fall_back(now)
         finally:
             self.reads += 1
             self.read_s += (time.perf_counter_ns() - started) / 1e9
 
     def _maybe_fall_back(self, now: int) -> None:
-        """NCCL has run collectives without the plugin (it was named too late): read the
-        flight recorder from now on. Checked once a second until the plugin sees one."""
+        """NCCL has run collectives without the plugin (it was named too late, or every
+        communicator has one rank: NCCL makes the plugin's context for it and then runs its
+        operations without a call): read the flight recorder from now on. Checked once a
+        second until the plugin sees an operation start."""
         if now - self._harvested_at < 1e9:
             return
         self._harvested_at = now
-        if self.plugin is not None and self.plugin.has_comms():
-            self._plugin_confirmed = True
+        if self.plugin is not None and self.plugin.totals()["started"] > 0:
+            self._plugin_ops_seen = True
             return
         fr = self._fallback
         assert fr is not None
@@ -495,10 +504,11 @@ class Ledger:
         if not entries:
             return
         self.log.warning("otel_train.nccl_plugin", used=False,
-                         reason="NCCL ran collectives without loading the plugin (its "
-                                "communicator existed before instrument() named it, or this "
-                                "NCCL could not load it); set "
-                                f"{nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher",
+                         reason="NCCL ran collectives without calling the plugin (its "
+                                "communicator existed before instrument() named it, this "
+                                "NCCL could not load it, or every communicator has one rank); "
+                                f"for the first two, set {nccl.ENV_NCCL}=$(otel-train "
+                                "nccl-plugin) in the launcher",
                          fallback="nccl_flight_recorder")
         self.plugin, self.flight_recorder, self._fallback = None, fr, None
         self._read_flight_recorder(entries)

@@ -69,6 +69,7 @@ issued = len(fr_ids() - before)
 ledger = source.ledger
 print(json.dumps({"rank": rank, "mechanisms": source.mechanisms, "issued": issued,
                   "lost": ledger.lost, "errors": ledger.errors,
+                  "plugin": None if ledger.plugin is None else "loaded",
                   "totals": ledger.plugin.totals() if ledger.plugin else None}))
 dist.destroy_process_group()
 """
@@ -99,6 +100,9 @@ def test_every_nccl_collective_is_one_plugin_record_and_span(tmp_path, named_by)
     assert done.returncode == 0, done.stderr[-4000:]
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert len(results) == world
+    if world == 1:
+        _one_rank(tmp_path / "out", results[0], named_by)
+        return
     for res in results:
         assert "nccl_profiler_plugin" in res["mechanisms"], res
         assert res["lost"] == 0 and res["errors"] == 0, res
@@ -129,3 +133,29 @@ def test_every_nccl_collective_is_one_plugin_record_and_span(tmp_path, named_by)
         if world > 1:  # kernels with channels: GPU-clock timing on every collective
             assert all(s["attrs"].get(semconv.ATTR_COLLECTIVE_GPU_DURATION, 0) > 0
                        for s in mine)
+
+
+def _one_rank(out, res, named_by):
+    """One GPU: NCCL makes the plugin's context for a one-rank communicator and then runs its
+    operations without calling the plugin (call 30). ``auto`` leaves NCCL to the flight
+    recorder from the start; a plugin the launcher named is given up for the flight recorder
+    once the plugin has seen no operation start (here at the flush: the run is shorter than
+    the once-a-second check, so what ran is counted, after the last step, without spans).
+    Either way every collective is counted."""
+    sys.path.insert(0, str(REPO / "tests"))
+    import otlp_files
+
+    from otel_train import semconv
+
+    assert res["plugin"] is None and res["errors"] == 0, res  # the flight recorder it is
+    run_dir = otlp_files.only_run_dir(out)
+    last = {}
+    for p in otlp_files.metric_points(run_dir, semconv.METRIC_COLLECTIVE_DURATION):
+        if p["attrs"].get(semconv.ATTR_COLLECTIVE_BACKEND) == "nccl":
+            last[tuple(sorted(p["attrs"].items()))] = int(p["count"])
+    assert sum(last.values()) == res["issued"] >= STEPS * (EXTRA + 1), (last, res)
+    spans = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_COLLECTIVE]
+    assert {s["attrs"][semconv.ATTR_COLLECTIVE_SOURCE] for s in spans} <= {
+        "nccl_flight_recorder"}
+    if named_by == "instrument":  # the flight recorder from the start: spans too
+        assert len(spans) == res["issued"] - EXTRA, (len(spans), res)
