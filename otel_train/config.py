@@ -52,9 +52,10 @@ class Config:
     queue_size: int = 65536
     #: how often the background emitter wakes to drain the buffer (sources that poll
     #: something finer, the flight recorder's reads, ask for an earlier wake-up). Each
-    #: wake-up has a fixed cost (~300 us of cold caches on a busy host, measured in
-    #: bench/results/overhead-cpu.md): once a second costs ~100 us a rank-step less than
-    #: five times a second, and telemetry leaves at most a second later
+    #: wake-up has a fixed cost (~300 us of cold caches on a busy 2-CPU host,
+    #: bench/results/overhead-cpu-interval.md): once a second cost ~90 us a rank-step less
+    #: than five times a second there (bench/results/overhead-cpu.md, arm i200), and
+    #: telemetry leaves at most a second later
     emit_interval_s: float = 1.0
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0
