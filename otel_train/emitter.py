@@ -309,6 +309,8 @@ class Emitter:
         self.pipeline.commit()
 
     def _dispatch(self, record: tuple[Any, ...]) -> None:
+        """The emitter's own records; the sources' (``EVENT``) go to their handlers in
+        :meth:`pump`'s loop."""
         kind = record[0]
         if kind == PHASE:
             self._phases[record[1]].append(record)
@@ -321,10 +323,6 @@ class Emitter:
                 self._emit_step(*record[1:])
         elif kind == LOG:
             self._emit_log(*record[1:])
-        elif kind == EVENT:
-            handler = self._handlers.get(record[1])
-            if handler is not None:
-                handler(record[2])
 
     # --- steps -----------------------------------------------------------------------
     def sampled(self, trace_id: int) -> bool:

@@ -171,11 +171,10 @@ class TraceDigest:
     lines: LineIndex = field(default_factory=dict)
 
     def add(self, raw: dict[str, Any], resource: dict[str, Any]) -> None:
-        """One raw span (:func:`~otel_train.analysis.otlp.iter_span_batches`); only
-        ``PASS_ONE_SPANS`` count, and only the attributes read are decoded."""
+        """One raw span of ``PASS_ONE_SPANS`` (:func:`~otel_train.analysis.otlp.
+        iter_span_batches`; :func:`read_trace_files` leaves the others out): only the
+        attributes read are decoded."""
         name = raw.get("name")
-        if name not in PASS_ONE_SPANS:
-            return
         start_ns = int(raw.get("startTimeUnixNano", 0))
         end_ns = int(raw.get("endTimeUnixNano", 0))
         if name == sc.SPAN_RANK_STEP:
