@@ -57,6 +57,10 @@ class Config:
     #: than five times a second there (bench/results/overhead-cpu.md, arm i200), and
     #: telemetry leaves at most a second later
     emit_interval_s: float = 1.0
+    #: how often the training thread's Python stack may be sampled while it is outside
+    #: every phase (or in a data wait) for longer than this: where untimed time went
+    #: (sources/gaps.py). 0 turns sampling off; the gaps are still named
+    gap_sample_s: float = 0.05
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0
     #: per-rank Prometheus endpoint: port of local rank 0 (rank r serves on port + r); None: off
@@ -156,6 +160,13 @@ def _non_negative_int(raw: str) -> int:
     return value
 
 
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(raw)
+    return value
+
+
 def _positive_float(raw: str) -> float:
     value = float(raw)
     if not math.isfinite(value) or value <= 0:
@@ -221,6 +232,9 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "emit_interval_s": _parse(env, "OTEL_TRAIN_EMIT_INTERVAL_MS",
                                   lambda r: _positive_float(r) / 1000, d.emit_interval_s,
                                   "a positive number of milliseconds"),
+        "gap_sample_s": _parse(env, "OTEL_TRAIN_GAP_SAMPLE_MS",
+                               lambda r: _non_negative_float(r) / 1000, d.gap_sample_s,
+                               "a number of milliseconds, 0 for off"),
         "shutdown_timeout_s": _parse(env, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", _positive_float,
                                      d.shutdown_timeout_s, "a positive number of seconds"),
         "prometheus_port": _parse(env, "OTEL_TRAIN_PROMETHEUS_PORT", _port, None,

@@ -79,6 +79,9 @@ class StepInfo:
     phase_overrides: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
     #: the metric points' exemplar context, made once (Emitter.exemplar_context)
     exemplar: Any = None
+    #: events for the train.rank_step span as (name, epoch ns, attributes), set by pre-step
+    #: listeners (sources/gaps.py)
+    events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
 
 
 def _attr_value(value: Any) -> Any:
@@ -403,7 +406,7 @@ class Emitter:
         self.pipeline.step(step_rows.StepRecord(
             step, info.start_ns, info.end_ns, micro_batches, samples, tokens, totals, sampled,
             trace_id, rank_ctx.span_id, phase_rows, info.extra_attributes, self._link_tuples,
-            ident.run_id, ident.rank, ident.world_size), self._step_instruments)
+            ident.run_id, ident.rank, ident.world_size, info.events), self._step_instruments)
         try:  # the step is handed over: what follows can fail without losing it
             self._after_step(info, duration_s, totals, samples, tokens)
         except Exception as err:

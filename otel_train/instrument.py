@@ -37,7 +37,8 @@ SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
                             "otel_train.sources.memory:MemorySource",
                             "otel_train.sources.mfu:MfuSource",
                             "otel_train.sources.profiler:ProfilerSource",
-                            "otel_train.sources.cgroup:CgroupSource")
+                            "otel_train.sources.cgroup:CgroupSource",
+                            "otel_train.sources.gaps:GapSource")
 
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None

@@ -61,6 +61,25 @@ ATTR_STEP_DURATION = "training.step.duration_s"
 #: on train.rank_step: seconds this rank's cgroup was CPU-throttled during the step
 ATTR_CPU_THROTTLED = "training.cpu.throttled_s"
 
+#: events on train.rank_step (sources/gaps.py): a stretch of the step no phase covers, and a
+#: long data wait, each with where the training thread was when sampled (OpenTelemetry's
+#: code.* attributes) and, for a data wait, the DataLoader worker it waited for
+EVENT_GAP = "training.gap"
+EVENT_DATA_WAIT = "training.data_wait"
+#: "between forward and backward", "before forward", "after optimizer"
+ATTR_GAP_SEGMENT = "training.gap.segment"
+ATTR_GAP_AFTER = "training.gap.after"  # the phase before it ("" if none)
+ATTR_GAP_BEFORE = "training.gap.before"  # the phase after it ("" if none)
+ATTR_GAP_DURATION = "training.gap.duration_s"
+#: samples of the training thread's stack taken in it, and the share at the location named
+ATTR_GAP_SAMPLES = "training.gap.samples"
+ATTR_GAP_LOCATION_SHARE = "training.gap.location_share"
+ATTR_DATA_WORKER = "training.data.worker"
+ATTR_CODE_FUNCTION = "code.function.name"
+ATTR_CODE_FILE = "code.file.path"
+ATTR_CODE_LINE = "code.line.number"
+ATTR_CODE_STACKTRACE = "code.stacktrace"
+
 ATTR_COLLECTIVE_OP = "collective.op"
 ATTR_COLLECTIVE_BACKEND = "collective.backend"
 ATTR_COLLECTIVE_BYTES = "collective.bytes"

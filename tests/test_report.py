@@ -214,6 +214,7 @@ def _table(rows: list[tuple[int, int, float, dict[str, float]]]) -> StepTable:
         table.durations.append(duration)
         for phase, column in table.phases.items():
             column.append(phases.get(phase, 0.0))
+        table.throttled.append(phases.get("throttled", 0.0))
     return table
 
 

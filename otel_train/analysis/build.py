@@ -57,8 +57,10 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         over_time = st.over_time(table)
     finally:
         spans = reading_steps()
+    world = traces.world_size or len(by_rank)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
-        spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])))
+        spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
+        set(range(world)) | set(by_rank))
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
     samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
@@ -71,7 +73,7 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         rank_rows=rank_rows, straggler=lag.rank,
         straggler_signal=lag.signal, straggler_busy_ratio=lag.busy_ratio,
         straggler_slowest_share=lag.slowest_share, straggler_wait_share=lag.wait_share,
-        straggler_wait_rank=lag.wait_rank,
+        straggler_wait_rank=lag.wait_rank, straggler_throttled_s=lag.throttled_s,
         slow_steps=slow, timelines=[_timeline(s, spans.get(s.step, []))
                                     for s in slow[:timelines]],
         over_time=over_time, collectives=_collectives(traces, metrics),

@@ -26,11 +26,38 @@ class SlowStep:
     phase: str
     phase_s: float
     share: float  # phase_s / duration_s
+    #: untimed time: the stretch it lay in ("between forward and backward")
+    segment: str | None = None
+    #: the user code the training thread was sampled in most there ("heavy() at train.py:87")
+    location: str | None = None
+    #: a data wait: the DataLoader worker the rank waited for
+    worker: int | None = None
+    #: seconds the rank's cgroup was CPU-throttled in the step, where that is the cause
+    throttled_s: float | None = None
+    #: why the telemetry does not explain the step, where it does not
+    unexplained: str | None = None
 
     @property
     def cause(self) -> str:
-        return (f"step {self.step}: rank {self.rank} {self.phase.replace('_', ' ')} "
-                f"{self.phase_s:.3g} s, {self.share:.0%} of step")
+        if self.unexplained and not self.segment:  # no phase named by default
+            return f"step {self.step}: not explained: {self.unexplained}"
+        where = self.segment or self.phase.replace("_", " ")
+        text = (f"step {self.step}: rank {self.rank} {where} {self.phase_s:.3g} s, "
+                f"{self.share:.0%} of step")
+        if self.segment:
+            text = (f"step {self.step}: rank {self.rank} {self.phase_s:.3g} s {self.segment}, "
+                    f"{self.share:.0%} of step")
+        if self.throttled_s is not None:
+            text = (f"step {self.step}: rank {self.rank} CPU-throttled {self.throttled_s:.3g} s "
+                    f"by its cgroup's CPU quota ({where} {self.phase_s:.3g} s, "
+                    f"{self.share:.0%} of step)")
+        if self.location:
+            text += f", in {self.location}"
+        if self.worker is not None:
+            text += f", waiting for DataLoader worker {self.worker}"
+        if self.unexplained:
+            text += f"; not explained: {self.unexplained}"
+        return text
 
 
 @dataclass
@@ -108,6 +135,9 @@ class Report:
     #: the others wait for most waits (``straggler_wait_rank``); None without collectives
     straggler_wait_share: float | None
     straggler_wait_rank: int | None
+    #: the named rank's mean CPU-throttled seconds a step, where its cgroup's quota is a
+    #: cause (signal "cpu_throttled" when nothing else named it)
+    straggler_throttled_s: float | None
     slow_steps: list[SlowStep]
     timelines: list[StepTimeline]
     over_time: list[TimeBin]

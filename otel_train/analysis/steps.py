@@ -10,7 +10,7 @@ from statistics import median
 
 from otel_train import semconv as sc
 from otel_train.analysis.model import RankBreakdown, SlowStep, TimeBin
-from otel_train.analysis.traces import StepTable
+from otel_train.analysis.traces import UNTIMED, StepTable
 
 #: a rank this much busier than the median rank is called a straggler
 STRAGGLER_RATIO = 1.05
@@ -21,6 +21,12 @@ SIGNAL_COLLECTIVE_WAIT = "collective_wait"
 SIGNAL_BUSY_TIME = "busy_time"
 #: waiting for other ranks is a symptom, never the cause of a slow step
 NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM})
+#: a rank's CPU throttling explains a slow step when it is at least this share of the step's
+#: time above the typical step (and at least ``MIN_EXPLAINING_S``)
+THROTTLED_SHARE_OF_EXCESS = 0.25
+#: below this, a phase above typical or a throttled time explains nothing (clock noise)
+MIN_EXPLAINING_S = 0.005
+SIGNAL_CPU_THROTTLED = "cpu_throttled"
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -73,7 +79,8 @@ CollectiveSeconds = Callable[[int], dict[int, float]]
 
 def slow_steps(table: StepTable, durations: dict[int, float], top: int,
                phase_starts: PhaseStarts | None = None,
-               collective_s: CollectiveSeconds | None = None) -> list[SlowStep]:
+               collective_s: CollectiveSeconds | None = None,
+               world_ranks: set[int] | None = None) -> list[SlowStep]:
     """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical.
 
     ``phase_starts(step, phase)`` gives each rank's start of that phase (epoch ns) from the
@@ -84,6 +91,13 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
     its collectives' GPU time (its forward or backward runs long on the GPU while its start
     times look normal), so when the blamed rank spent at least half its excess more in
     collectives than the rank that spent least, that rank is the late one and is blamed.
+
+    A rank CPU-throttled by its cgroup for a good part of the step's excess over the typical
+    step is the cause, named as such. Untimed time is named by the stretch it lay in and the
+    user code sampled there (``training.gap`` events), a data wait by its sampled line or
+    worker. Where the telemetry cannot explain the step (a rank of ``world_ranks`` sent
+    nothing for it, no phase stands out, untimed time with nothing sampled) the step says so
+    (``SlowStep.unexplained``) instead of naming a phase by default.
     """
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
     wanted = set(slowest)
@@ -92,6 +106,7 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
         if step in wanted:
             rows[step].append(index)
     typical = typical_phase_s(table)
+    typical_step = median(durations.values()) if durations else 0.0
     out = []
     for step in slowest:
         excess, index, phase = _worst(table, rows.get(step, []), typical)
@@ -102,8 +117,60 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
         if late is not None:
             late_rows = [i for i in rows[step] if table.ranks[i] == late]
             excess, index, phase = _worst(table, late_rows, typical, skip=phase)
-        out.append(_slow_step(table, step, durations[step], index, phase))
+        throttled = _throttled_row(table, rows.get(step, []), durations[step] - typical_step)
+        if throttled is not None and throttled != index:
+            excess, index, phase = _worst(table, [throttled], typical)
+        slow = _slow_step(table, step, durations[step], index, phase)
+        seen = {table.ranks[i] for i in rows.get(step, [])}
+        _explain(slow, table, index, excess, sorted((world_ranks or seen) - seen),
+                 throttled is not None)
+        out.append(slow)
     return out
+
+
+def _throttled_row(table: StepTable, rows: list[int], excess_s: float) -> int | None:
+    """The row of the step's most throttled rank, if its throttling explains the step."""
+    if not rows:
+        return None
+    row = max(rows, key=lambda i: table.throttled[i])
+    seconds = table.throttled[row]
+    if seconds >= MIN_EXPLAINING_S and seconds >= THROTTLED_SHARE_OF_EXCESS * max(excess_s, 0.0):
+        return row
+    return None
+
+
+def _explain(slow: SlowStep, table: StepTable, index: int | None, excess: float,
+             missing: list[int], throttled: bool) -> None:
+    """What the telemetry says about the blamed rank's time, or why it cannot say."""
+    if index is not None and throttled:
+        slow.throttled_s = table.throttled[index]
+    if missing:
+        named = ", ".join(map(str, missing))
+        seen = (f" (of the ranks seen, rank {slow.rank} {slow.phase.replace('_', ' ')} "
+                f"{slow.phase_s:.3g} s)" if index is not None else "")
+        slow.unexplained = f"no telemetry from rank {named} for this step{seen}"
+        return
+    if throttled:
+        return
+    if index is None or excess < MIN_EXPLAINING_S:
+        slow.unexplained = "no phase of any rank is above its typical time"
+        return
+    kind = {UNTIMED: sc.EVENT_GAP, sc.PHASE_DATA_WAIT: sc.EVENT_DATA_WAIT}.get(slow.phase)
+    if kind is None:
+        return
+    gaps = [g for g in table.gaps.get(index, ()) if g.kind == kind]
+    if not gaps:
+        if slow.phase == UNTIMED:
+            slow.unexplained = ("untimed time with no stretch of it recorded (gap sampling "
+                                "off, or many stretches under 10 ms)")
+        return
+    gap = max(gaps, key=lambda g: g.seconds)
+    slow.location, slow.worker = gap.location, gap.worker
+    if slow.phase == UNTIMED:
+        slow.segment = gap.segment
+        if gap.location is None:
+            slow.unexplained = ("nothing was sampled there" if not gap.samples else
+                                f"{gap.samples} samples there, none in user code")
 
 
 def _worst(table: StepTable, rows: list[int], typical: dict[str, float],
@@ -190,6 +257,10 @@ def straggler(table: StepTable, by_rank: dict[int, list[int]],
             slowest_of_step[step] = (busy, table.ranks[index])
     busiest = max(mean_busy, key=lambda r: mean_busy[r])
     typical = median(mean_busy.values())
+    throttled = {r: sum(table.throttled[i] for i in rows) / len(rows)
+                 for r, rows in by_rank.items()}
+    typical_step = median(sum(table.durations[i] for i in rows) / len(rows)
+                          for rows in by_rank.values())
 
     def busy_ratio(rank: int) -> float | None:  # None for a rank with no sampled step
         return mean_busy[rank] / typical if typical and rank in mean_busy else None
@@ -198,7 +269,13 @@ def straggler(table: StepTable, by_rank: dict[int, list[int]],
         out.rank, out.signal = out.wait_rank, SIGNAL_COLLECTIVE_WAIT
     elif (busy_ratio(busiest) or 0.0) >= STRAGGLER_RATIO:
         out.rank, out.signal = busiest, SIGNAL_BUSY_TIME
+    most = max(throttled, key=lambda r: throttled[r])
+    if out.rank is None and typical_step and throttled[most] >= (
+            STRAGGLER_WAIT_SHARE * typical_step):
+        out.rank, out.signal = most, SIGNAL_CPU_THROTTLED
     named = out.rank if out.rank is not None else busiest
+    if typical_step and throttled.get(named, 0.0) >= STRAGGLER_WAIT_SHARE * typical_step:
+        out.throttled_s = throttled[named]  # the named rank's throttling is (part of) why
     out.busy_ratio = busy_ratio(named)
     out.slowest_share = (sum(1 for _, r in slowest_of_step.values() if r == named)
                          / len(slowest_of_step)) if slowest_of_step else None
@@ -216,6 +293,8 @@ class Straggler:
     #: the rank the others wait for most in collectives, and that wait as a share of a step
     wait_rank: int | None = None
     wait_share: float | None = None
+    #: the named rank's mean CPU-throttled seconds a step, where they are a cause
+    throttled_s: float | None = None
 
 
 def over_time(table: StepTable, bins: int = 40) -> list[TimeBin]:

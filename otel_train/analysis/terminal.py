@@ -209,15 +209,21 @@ def straggler_lines(report: Report, bold: bool = False) -> list[str]:
     """The straggler verdict in words (terminal and HTML)."""
     b, e = ("[bold]", "[/]") if bold else ("", "")
     wait = report.straggler_wait_share
+    throttled = (f"; cause: its cgroup's CPU quota throttled it "
+                 f"{report.straggler_throttled_s:.3g} s a step"
+                 if report.straggler_throttled_s else "")
     if report.straggler is not None and report.straggler_signal == "collective_wait":
         busy = (f"; its own work is {report.straggler_busy_ratio:.2f}x the median rank's"
                 if report.straggler_busy_ratio else "")
         return [f"straggler: {b}rank {report.straggler}{e}: the other ranks wait for it in "
-                f"collectives {wait:.0%} of a step{busy}"]
+                f"collectives {wait:.0%} of a step{busy}{throttled}"]
+    if report.straggler is not None and report.straggler_signal == "cpu_throttled":
+        return [f"straggler: {b}rank {report.straggler}{e}: its cgroup's CPU quota throttled "
+                f"it {report.straggler_throttled_s or 0:.3g} s a step"]
     if report.straggler is not None and report.straggler_busy_ratio:
         return [f"straggler: {b}rank {report.straggler}{e}, busy "
                 f"{report.straggler_busy_ratio:.2f}x the median rank, slowest in "
-                f"{report.straggler_slowest_share or 0:.0%} of steps"]
+                f"{report.straggler_slowest_share or 0:.0%} of steps{throttled}"]
     if report.straggler_busy_ratio or wait is not None:
         parts = []
         if report.straggler_busy_ratio:

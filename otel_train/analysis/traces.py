@@ -58,6 +58,42 @@ def _sum(values: array) -> float:
 
 
 @dataclass
+class Gap:
+    """A ``training.gap`` or ``training.data_wait`` event of a rank's step
+    (sources/gaps.py): where untimed time or a long data wait lay, and what was sampled."""
+
+    kind: str  # sc.EVENT_GAP or sc.EVENT_DATA_WAIT
+    segment: str
+    seconds: float
+    samples: int
+    function: str | None = None
+    file: str | None = None
+    line: int | None = None
+    worker: int | None = None
+
+    @property
+    def location(self) -> str | None:
+        """``heavy() at train.py:87``: the user code sampled most in it, if any."""
+        if not self.function:
+            return None
+        return f"{self.function}() at {Path(self.file or '?').name}:{self.line}"
+
+    @classmethod
+    def of_event(cls, event: dict[str, Any]) -> Gap | None:
+        name = event.get("name")
+        if name not in (sc.EVENT_GAP, sc.EVENT_DATA_WAIT):
+            return None
+        attrs = decode_attributes(event.get("attributes"))
+        line = attrs.get(sc.ATTR_CODE_LINE)
+        worker = attrs.get(sc.ATTR_DATA_WORKER)
+        return cls(name, str(attrs.get(sc.ATTR_GAP_SEGMENT, sc.PHASE_DATA_WAIT)),
+                   float(attrs.get(sc.ATTR_GAP_DURATION, 0.0)),
+                   int(attrs.get(sc.ATTR_GAP_SAMPLES, 0)), attrs.get(sc.ATTR_CODE_FUNCTION),
+                   attrs.get(sc.ATTR_CODE_FILE), int(line) if line is not None else None,
+                   int(worker) if worker is not None else None)
+
+
+@dataclass
 class StepTable:
     """Columns of one row per (sampled step, rank)."""
 
@@ -65,9 +101,20 @@ class StepTable:
     ranks: array = field(default_factory=lambda: array("l"))
     durations: array = field(default_factory=lambda: array("d"))
     phases: dict[str, array] = field(default_factory=lambda: {p: array("d") for p in PHASES})
+    #: seconds the rank's cgroup was CPU-throttled in the step (0 where not measured)
+    throttled: array = field(default_factory=lambda: array("d"))
+    #: row -> its gap and data-wait events (only rows that have some)
+    gaps: dict[int, list[Gap]] = field(default_factory=dict)
 
-    def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float) -> None:
-        """One ``train.rank_step`` span: its (decoded) attributes, resource and duration."""
+    def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float,
+            events: list[dict[str, Any]] | None = None) -> None:
+        """One ``train.rank_step`` span: its (decoded) attributes, resource, duration and
+        (raw) events."""
+        if events:
+            gaps = [g for g in map(Gap.of_event, events) if g is not None]
+            if gaps:
+                self.gaps[len(self.steps)] = gaps
+        self.throttled.append(float(attrs.get(sc.ATTR_CPU_THROTTLED, 0.0)))
         self.steps.append(int(attrs.get(sc.ATTR_STEP, -1)))
         self.ranks.append(int(attrs.get(sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
         duration = float(attrs.get(sc.ATTR_STEP_DURATION, duration_s))
@@ -82,6 +129,9 @@ class StepTable:
         self.phases[UNTIMED].append(untimed if untimed > 1e-3 else 0.0)
 
     def extend(self, other: StepTable) -> None:
+        base = len(self.steps)
+        self.gaps.update({base + row: gaps for row, gaps in other.gaps.items()})
+        self.throttled.extend(other.throttled)
         self.steps.extend(other.steps)
         self.ranks.extend(other.ranks)
         self.durations.extend(other.durations)
@@ -188,7 +238,7 @@ class TraceDigest:
     def _add_rank_step(self, raw: dict[str, Any], resource: dict[str, Any],
                        duration_s: float) -> None:
         attrs = decode_attributes(raw.get("attributes"))  # most are read: all decoded at once
-        self.table.add(attrs, resource, duration_s)
+        self.table.add(attrs, resource, duration_s, raw.get("events"))
         self.step_trace.setdefault(int(attrs.get(sc.ATTR_STEP, -1)), raw.get("traceId", ""))
         self.world_size = max(self.world_size, int(attrs.get(
             sc.ATTR_WORLD_SIZE, resource.get(sc.RES_WORLD_SIZE, 0))))

@@ -49,6 +49,8 @@ class StepRecord(NamedTuple):
     run_id: str
     rank: int
     world_size: int
+    #: events of the train.rank_step span: (name, epoch ns, attributes) (sources/gaps.py)
+    events: list[tuple[str, int, dict[str, Any]]] | tuple[()] = ()
 
 
 def lost(record: StepRecord) -> tuple[int, int, int]:
@@ -110,7 +112,7 @@ def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) 
         **record.extra,
     }
     span(semconv.SPAN_RANK_STEP, root_ctx, record.start_ns, record.end_ns, rank_attrs,
-         record.rank_step_span_id, 0, links)
+         record.rank_step_span_id, 0, links, None, record.events)
     for phase, micro, start, end, span_id, added, error in record.phases:
         attrs = {semconv.ATTR_STEP: record.step, semconv.ATTR_RANK: record.rank,
                  semconv.ATTR_RUN_ID: record.run_id, semconv.ATTR_PHASE: phase,

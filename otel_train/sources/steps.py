@@ -77,6 +77,11 @@ class StepTracker:
         self.phase_start_ns = 0
         self.phase_micro = 0
         self.phase_span_id = 0
+        #: when the last phase ended (perf ns; 0 before the first): the gap sampler reads it
+        self.idle_since_ns = 0
+        #: the DataLoader iterator of the data wait in progress (the gap sampler reads which
+        #: worker it waits for)
+        self.data_iter: Any = None
         self._depth = 0  # phases begun inside an open phase (an LBFGS closure, say)
         self._rand = random.Random()  # never touch the user's global RNG state
         self._ids_cache: tuple[int, int, int] = (-1, 0, 0)
@@ -152,6 +157,7 @@ class StepTracker:
         self._put((PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
                    self.phase_span_id))
         self.phase = None
+        self.idle_since_ns = now
         if phase == OPTIMIZER:
             self.pending_end_ns = now
 
@@ -276,9 +282,11 @@ class StepHooks:
             if not tracker.active() or (dataset is not None and it._dataset is not dataset):
                 return original(it)
             tracker.begin(DATA_WAIT)
+            tracker.data_iter = it  # only while waiting: never keeps workers alive
             try:
                 batch = original(it)
             finally:
+                tracker.data_iter = None
                 tracker.end(DATA_WAIT)
             tracker.count_batch(batch)
             return batch

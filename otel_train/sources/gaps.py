@@ -1,0 +1,236 @@
+"""Where untimed time went: the stretches of a step that no phase covers, named by where
+they lie, and the training thread's Python stack sampled inside them.
+
+A rank that computes a loss, a metric or a checkpoint between its phases shows only as
+"untimed" time. Here each such stretch of at least ``MIN_GAP_S`` becomes an event on the
+rank's ``train.rank_step`` span (``training.gap``: "between forward and backward", its
+seconds, and where the training thread was), and so does each data wait of that length
+(``training.data_wait``: the ``__getitem__`` line when the dataset runs on the training
+thread, the DataLoader worker waited for when it does not).
+
+Where the thread was comes from a sampler thread in the spirit of py-spy and the continuous
+profilers, within the project's cost budget: it wakes every ``gap_sample_s`` (50 ms), reads
+two attributes of the step tracker, and only when the training thread has been outside every
+phase (or in one data wait) for longer than that does it read the thread's stack
+(``sys._current_frames``), keeping the innermost frames of user code: no library frame, none
+of otel-train's hooks. Nothing runs on the training thread beyond one attribute store per
+phase end. The samples are matched to the stretches when the step is emitted, on the
+emitter thread, and leave as span events with OpenTelemetry's ``code.*`` attributes: events
+because the pinned collector's OTLP receiver and the Jaeger/Tempo backends keep span events
+everywhere, while the OTLP profiles signal is still in development and not enabled in its
+pipelines; events sit on the step's span, so "slow operations bound to a span id" holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import sysconfig
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+from otel_train import internal_errors, semconv
+
+#: a stretch outside every phase, or a data wait, at least this long becomes an event
+MIN_GAP_S = 0.01
+#: events of each kind per step at most (the longest)
+MAX_EVENTS = 3
+#: user frames kept per sample (innermost first)
+STACK_DEPTH = 6
+#: samples waiting for their step's emission at most (the oldest go first)
+MAX_SAMPLES = 4096
+DATA_WAIT = semconv.PHASE_DATA_WAIT
+
+_now = time.perf_counter_ns
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+#: the demo is the user's training script when it runs: its frames are user code
+_OWN_USER_CODE = (os.path.join(_OWN_DIR, "demo.py"),)
+_LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in
+                              ("stdlib", "platstdlib", "purelib", "platlib")
+                              if (p := sysconfig.get_paths().get(key))}))
+USER, LIBRARY, OWN = 0, 1, 2
+
+Frame = tuple[str, str, int]  # (function, file, line)
+
+
+def code_kind(filename: str) -> int:
+    """USER, LIBRARY (standard library, site-packages, frozen) or OWN (otel-train's hooks)."""
+    if filename.startswith("<"):
+        return LIBRARY
+    path = os.path.abspath(filename)
+    if path.startswith(_OWN_DIR) and path not in _OWN_USER_CODE:
+        return OWN
+    if path.startswith(_LIBRARY_DIRS):
+        return LIBRARY
+    return USER
+
+
+def user_frames(frame: Any, kinds: dict[Any, int]) -> tuple[Frame, ...]:
+    """The innermost user frames of a stack, innermost first, up to ``STACK_DEPTH``; the walk
+    stops at otel-train's own hooks (what lies outside them is the loop, not the wait)."""
+    out: list[Frame] = []
+    while frame is not None and len(out) < STACK_DEPTH:
+        code = frame.f_code
+        kind = kinds.get(code)
+        if kind is None:
+            kind = kinds[code] = code_kind(code.co_filename)
+        if kind == OWN:
+            break
+        if kind == USER:
+            out.append((getattr(code, "co_qualname", code.co_name), code.co_filename,
+                        frame.f_lineno))
+        frame = frame.f_back
+    return tuple(out)
+
+
+def waited_worker(it: Any) -> int | None:
+    """The DataLoader worker a multi-process iterator waits for: the one its next batch in
+    order was sent to (torch's ``_task_info[_rcvd_idx]`` holds ``(worker id,)`` until the
+    batch arrives). None for single-process iterators and unknown layouts."""
+    try:
+        info = it._task_info.get(it._rcvd_idx)
+    except Exception:
+        return None
+    if isinstance(info, tuple) and len(info) == 1 and isinstance(info[0], int):
+        return info[0]
+    return None
+
+
+def segment_name(after: str | None, before: str | None) -> str:
+    if after and before:
+        return f"between {after} and {before}"
+    if before:
+        return f"before {before}"
+    if after:
+        return f"after {after}"
+    return "outside every phase"
+
+
+class GapSource:
+    """Names a step's untimed stretches and long data waits; samples the stack in them."""
+
+    def start(self, ctx: Any) -> None:
+        self.tracker = ctx.tracker
+        self.emitter = ctx.emitter
+        self.interval_s = ctx.config.gap_sample_s
+        self.samples: collections.deque[tuple[int, tuple[Frame, ...], int | None]] = (
+            collections.deque(maxlen=MAX_SAMPLES))
+        self._last_phase: str | None = None  # the previous step's last phase
+        self._kinds: dict[Any, int] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        ctx.emitter.before_step(self._on_step)
+        if self.interval_s > 0:
+            self._thread = threading.Thread(target=self._sample_loop, daemon=True,
+                                            name="otel-train-gap-sampler")
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    # --- the sampler thread ----------------------------------------------------------
+    def _sample_loop(self) -> None:
+        interval_ns = int(self.interval_s * 1e9)
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._sample_once(interval_ns)
+            except Exception as err:  # never let a sampling bug end the thread quietly
+                internal_errors.count("gaps", err)
+
+    def _sample_once(self, interval_ns: int) -> None:
+        tracker = self.tracker
+        if not tracker.enabled:
+            return
+        phase = tracker.phase
+        if phase is None:
+            since = tracker.idle_since_ns
+        elif phase == DATA_WAIT:
+            since = tracker.phase_start_ns
+        else:
+            return
+        now = _now()
+        if not since or now - since < interval_ns:
+            return
+        frame = sys._current_frames().get(tracker.thread_id)
+        if frame is None or tracker.phase is not phase:  # it moved on meanwhile
+            return
+        stack = user_frames(frame, self._kinds)
+        del frame
+        worker = waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
+        self.samples.append((now, stack, worker))
+
+    # --- the emitter thread ----------------------------------------------------------
+    def _on_step(self, info: Any) -> None:
+        offset = self.emitter.offset
+        start, end = info.start_ns - offset, info.end_ns - offset  # perf_counter ns
+        gaps, waits = self._segments(info.phase_intervals, start, end)
+        samples = self._take_samples(end)
+        if not gaps and not waits:
+            return
+        events = info.events
+        for after, before, g_start, g_end in sorted(gaps, key=lambda g: g[2] - g[3])[:MAX_EVENTS]:
+            attrs = {semconv.ATTR_GAP_SEGMENT: segment_name(after, before),
+                     semconv.ATTR_GAP_AFTER: after or "", semconv.ATTR_GAP_BEFORE: before or "",
+                     semconv.ATTR_GAP_DURATION: (g_end - g_start) / 1e9}
+            _where(attrs, [s for s in samples if g_start <= s[0] <= g_end])
+            events.append((semconv.EVENT_GAP, g_start + offset, attrs))
+        for w_start, w_end in sorted(waits, key=lambda w: w[0] - w[1])[:MAX_EVENTS]:
+            attrs = {semconv.ATTR_GAP_DURATION: (w_end - w_start) / 1e9}
+            inside = [s for s in samples if w_start <= s[0] <= w_end]
+            workers = Counter(s[2] for s in inside if s[2] is not None)
+            if workers:
+                attrs[semconv.ATTR_DATA_WORKER] = workers.most_common(1)[0][0]
+            _where(attrs, inside)
+            events.append((semconv.EVENT_DATA_WAIT, w_start + offset, attrs))
+
+    def _segments(self, intervals: list[tuple[str, int, int, int]], start: int, end: int
+                  ) -> tuple[list[tuple[str | None, str | None, int, int]],
+                             list[tuple[int, int]]]:
+        """The stretches of [start, end] no phase covers, with the phases around them, and
+        the data waits, each at least ``MIN_GAP_S`` long."""
+        min_ns = int(MIN_GAP_S * 1e9)
+        gaps: list[tuple[str | None, str | None, int, int]] = []
+        waits: list[tuple[int, int]] = []
+        cursor, after = start, self._last_phase
+        for phase, _micro, p_start, p_end in sorted(intervals, key=lambda r: r[2]):
+            if p_start - cursor >= min_ns:
+                gaps.append((after, phase, cursor, p_start))
+            if phase == DATA_WAIT and p_end - p_start >= min_ns:
+                waits.append((p_start, p_end))
+            if p_end > cursor:
+                cursor, after = p_end, phase
+        if end - cursor >= min_ns:
+            gaps.append((after, None, cursor, end))
+        self._last_phase = after
+        return gaps, waits
+
+    def _take_samples(self, end: int) -> list[tuple[int, tuple[Frame, ...], int | None]]:
+        """The samples taken up to ``end`` (they arrive in time order); later ones wait for
+        their own step."""
+        out = []
+        samples = self.samples
+        while samples and samples[0][0] <= end:
+            out.append(samples.popleft())
+        return out
+
+
+def _where(attrs: dict[str, Any], samples: list[tuple[int, tuple[Frame, ...], int | None]]
+           ) -> None:
+    """The sampled location into ``attrs``: how many samples, and the most frequent user
+    frame with its stack (``code.*``). No sample, or none in user code: no location."""
+    attrs[semconv.ATTR_GAP_SAMPLES] = len(samples)
+    located = Counter(s[1][0] for s in samples if s[1])
+    if not located:
+        return
+    (function, path, line), count = located.most_common(1)[0]
+    stack = next(s[1] for s in samples if s[1] and s[1][0] == (function, path, line))
+    attrs[semconv.ATTR_CODE_FUNCTION] = function
+    attrs[semconv.ATTR_CODE_FILE] = path
+    attrs[semconv.ATTR_CODE_LINE] = line
+    attrs[semconv.ATTR_CODE_STACKTRACE] = "\n".join(f"{f} at {p}:{n}" for f, p, n in stack)
+    attrs[semconv.ATTR_GAP_LOCATION_SHARE] = count / len(samples)
