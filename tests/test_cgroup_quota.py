@@ -121,5 +121,13 @@ def test_a_quotad_rank_is_throttled_per_step_and_named(tmp_path) -> None:
     report = build_report(run_dir)
     worst = max(report.resources, key=lambda r: r.cpu_throttled_s or 0.0)
     assert worst.rank == 1 and (worst.cpu_throttled_s or 0) > 0
+    # throttling named as the cause (issue 19): of the slowest steps and of the straggler
+    slowest = report.slow_steps[0]
+    assert slowest.rank == 1 and (slowest.throttled_s or 0) > 0, slowest.cause
+    assert "CPU-throttled" in slowest.cause and "CPU quota" in slowest.cause, slowest.cause
+    assert report.straggler == 1 and (report.straggler_throttled_s or 0) > 0, report.straggler
+    from otel_train.analysis.terminal import straggler_lines
+
+    assert "CPU quota throttled it" in straggler_lines(report)[0], straggler_lines(report)
     row = next(r for r in check_run_dir(run_dir) if r.id == "cpu_throttling_measured")
     assert row.status == PASS and "throttled: rank 1" in row.evidence, row

@@ -283,3 +283,44 @@ def test_pass_two_by_line_offsets_reads_the_same_spans(run_dir: Path) -> None:
     assert len(by_offset) > 3 * SPEC.ranks
     assert sorted(map(key, by_offset)) == sorted(map(key, by_scan))
     assert {s.trace_id for s in by_offset} == wanted
+
+
+_NORMAL = {sc.PHASE_DATA_WAIT: 0.01, sc.PHASE_FORWARD: 0.03, sc.PHASE_BACKWARD: 0.05}
+
+
+def test_a_slow_step_missing_a_rank_is_said_to_be_unexplained() -> None:
+    # step 4 is slow, and rank 1 sent nothing for it: rank 0's forward may be a symptom
+    rows = [(s, r, 0.09, _NORMAL) for s in range(4) for r in (0, 1)]
+    rows += [(4, 0, 0.5, {**_NORMAL, sc.PHASE_FORWARD: 0.44})]
+    table = _table(rows)
+    slow = st.slow_steps(table, st.step_durations(table, {}), 1, world_ranks={0, 1})[0]
+    assert slow.step == 4 and slow.unexplained is not None
+    assert slow.unexplained.startswith("no telemetry from rank 1 for this step")
+    assert slow.cause.startswith("step 4: not explained: no telemetry from rank 1")
+
+
+def test_a_slow_step_where_no_phase_stands_out_is_said_to_be_unexplained() -> None:
+    # every phase as usual, yet the step took longer (time the table does not hold)
+    rows = [(s, r, 0.09, _NORMAL) for s in range(4) for r in (0, 1)]
+    rows += [(4, r, 0.2, _NORMAL) for r in (0, 1)]
+    table = _table(rows)
+    slow = st.slow_steps(table, st.step_durations(table, {}), 1)[0]
+    assert slow.step == 4
+    assert slow.cause == ("step 4: not explained: its phases hold 0 s of the 0.11 s it took "
+                          "over the typical step")
+
+
+def test_a_cpu_throttled_rank_is_named_as_the_cause_of_its_slow_step() -> None:
+    # rank 0 waits in backward for rank 1, whose cgroup throttled it 0.3 s in its forward
+    rows = [(s, r, 0.09, _NORMAL) for s in range(4) for r in (0, 1)]
+    rows += [(4, 0, 0.42, {**_NORMAL, sc.PHASE_BACKWARD: 0.38}),
+             (4, 1, 0.42, {**_NORMAL, sc.PHASE_FORWARD: 0.34, "throttled": 0.3})]
+    table = _table(rows)
+    slow = st.slow_steps(table, st.step_durations(table, {}), 1)[0]
+    assert (slow.rank, slow.phase, slow.throttled_s) == (1, sc.PHASE_FORWARD, 0.3)
+    assert slow.cause.startswith("step 4: rank 1 CPU-throttled 0.3 s by its cgroup's CPU quota")
+    # a little throttling beside a large excess explains nothing
+    rows[-1] = (4, 1, 0.42, {**_NORMAL, "throttled": 0.02})
+    table = _table(rows)
+    slow = st.slow_steps(table, st.step_durations(table, {}), 1)[0]
+    assert (slow.rank, slow.throttled_s) == (0, None)

@@ -25,7 +25,10 @@ NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM})
 #: time above the typical step (and at least ``MIN_EXPLAINING_S``)
 THROTTLED_SHARE_OF_EXCESS = 0.25
 #: below this, a phase above typical or a throttled time explains nothing (clock noise)
-MIN_EXPLAINING_S = 0.005
+MIN_EXPLAINING_S = 0.001
+#: a slow step is explained when its blamed phase is at least this share of the step's time
+#: above the typical step (else the phases do not hold where the time went)
+EXPLAINED_SHARE_OF_EXCESS = 0.25
 SIGNAL_CPU_THROTTLED = "cpu_throttled"
 
 
@@ -122,8 +125,8 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
             excess, index, phase = _worst(table, [throttled], typical)
         slow = _slow_step(table, step, durations[step], index, phase)
         seen = {table.ranks[i] for i in rows.get(step, [])}
-        _explain(slow, table, index, excess, sorted((world_ranks or seen) - seen),
-                 throttled is not None)
+        _explain(slow, table, index, excess, durations[step] - typical_step,
+                 sorted((world_ranks or seen) - seen), throttled is not None)
         out.append(slow)
     return out
 
@@ -140,7 +143,7 @@ def _throttled_row(table: StepTable, rows: list[int], excess_s: float) -> int | 
 
 
 def _explain(slow: SlowStep, table: StepTable, index: int | None, excess: float,
-             missing: list[int], throttled: bool) -> None:
+             step_excess: float, missing: list[int], throttled: bool) -> None:
     """What the telemetry says about the blamed rank's time, or why it cannot say."""
     if index is not None and throttled:
         slow.throttled_s = table.throttled[index]
@@ -152,8 +155,9 @@ def _explain(slow: SlowStep, table: StepTable, index: int | None, excess: float,
         return
     if throttled:
         return
-    if index is None or excess < MIN_EXPLAINING_S:
-        slow.unexplained = "no phase of any rank is above its typical time"
+    if index is None or excess < max(MIN_EXPLAINING_S, EXPLAINED_SHARE_OF_EXCESS * step_excess):
+        slow.unexplained = (f"its phases hold {max(excess, 0.0):.3g} s of the "
+                            f"{max(step_excess, 0.0):.3g} s it took over the typical step")
         return
     kind = {UNTIMED: sc.EVENT_GAP, sc.PHASE_DATA_WAIT: sc.EVENT_DATA_WAIT}.get(slow.phase)
     if kind is None:
