@@ -102,6 +102,25 @@ def _breakdown(board: dash.Dashboard) -> None:
             log_scale=True,
         )
     )
+    board.with_panel(
+        kit.series(
+            "CPU throttling: share of each rank's step time (a cause, not a phase)",
+            "Seconds each rank's own cgroup was CPU-throttled (cpu.stat, CFS quota) per second "
+            "of its step time. A throttled rank runs late into every collective, so the "
+            "others wait: the report names it as the cause of its slow steps and the "
+            "TrainingRankCPUThrottled alert fires above 25% for 10 minutes.",
+            [
+                kit.prom(
+                    f"sum by ({names.RANK}) ({kit.rate(names.CPU_THROTTLED, s)})"
+                    f" / sum by ({names.RANK}) ({kit.rate(names.STEP + '_sum', s)})",
+                    "rank {{" + names.RANK + "}}",
+                )
+            ],
+            unit="percentunit",
+            width=24,
+            threshold=0.25,
+        )
+    )
 
 
 def _efficiency(board: dash.Dashboard) -> None:
