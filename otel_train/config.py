@@ -57,10 +57,12 @@ class Config:
     #: than five times a second there (bench/results/overhead-cpu.md, arm i200), and
     #: telemetry leaves at most a second later
     emit_interval_s: float = 1.0
-    #: how often the training thread's Python stack may be sampled while it is outside
-    #: every phase (or in a data wait) for longer than this: where untimed time went
-    #: (sources/gaps.py). 0 turns sampling off; the gaps are still named
-    gap_sample_s: float = 0.05
+    #: how often the gap sampler wakes to see whether the training thread is outside every
+    #: phase (or in a data wait): where untimed time went (sources/gaps.py). Once it has
+    #: been there a quarter of this, its stack is sampled four times as often until it
+    #: leaves. Each wake-up has a fixed cost (~0.1 ms on a busy 2-CPU VM): five a second
+    #: is the budget. 0 turns sampling off; the gaps are still named
+    gap_sample_s: float = 0.2
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0
     #: per-rank Prometheus endpoint: port of local rank 0 (rank r serves on port + r); None: off

@@ -167,7 +167,7 @@ def test_a_slow_worker_is_named_by_its_id(tmp_path: Path, capsys) -> None:
     _train(str(tmp_path), "worker", 0, 2, SLOW_ITEM_STEP * 2)
     run_dir = otlp_files.only_run_dir(tmp_path)
     waits = [e for events in _events(run_dir).values() for e in events
-             if e["name"] == sc.EVENT_DATA_WAIT and e[sc.ATTR_GAP_DURATION] >= 0.2]
+             if e["name"] == sc.EVENT_DATA_WAIT and e[sc.ATTR_GAP_DURATION] >= 0.3]
     assert waits, _events(run_dir)
     assert {e[sc.ATTR_DATA_WORKER] for e in waits} == {SLOW_ITEM_STEP % 2}, waits
     # the training thread only waited: no user code of the dataset was on its stack

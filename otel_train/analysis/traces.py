@@ -76,7 +76,11 @@ class Gap:
         """``heavy() at train.py:87``: the user code sampled most in it, if any."""
         if not self.function:
             return None
-        return f"{self.function}() at {Path(self.file or '?').name}:{self.line}"
+        name = self.function
+        head, sep, tail = name.rpartition(".<locals>.")
+        if sep and tail.startswith("<"):  # a generator expression or lambda: its function
+            name = head
+        return f"{name}() at {Path(self.file or '?').name}:{self.line}"
 
     @classmethod
     def of_event(cls, event: dict[str, Any]) -> Gap | None:

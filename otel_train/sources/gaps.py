@@ -9,9 +9,10 @@ seconds, and where the training thread was), and so does each data wait of that 
 thread, the DataLoader worker waited for when it does not).
 
 Where the thread was comes from a sampler thread in the spirit of py-spy and the continuous
-profilers, within the project's cost budget: it wakes every ``gap_sample_s`` (50 ms), reads
+profilers, within the project's cost budget: it wakes every ``gap_sample_s`` (200 ms), reads
 two attributes of the step tracker, and only when the training thread has been outside every
-phase (or in one data wait) for longer than that does it read the thread's stack
+phase (or in one data wait) for a quarter of that does it read the thread's stack, then
+wakes four times as often until the stretch ends
 (``sys._current_frames``), keeping the innermost frames of user code: no library frame, none
 of otel-train's hooks. Nothing runs on the training thread beyond one attribute store per
 phase end. The samples are matched to the stretches when the step is emitted, on the
@@ -42,6 +43,9 @@ MAX_EVENTS = 3
 STACK_DEPTH = 6
 #: samples waiting for their step's emission at most (the oldest go first)
 MAX_SAMPLES = 4096
+#: while a stretch is being sampled the sampler wakes this many times as often, and a
+#: stretch is sampled once it is older than the fast interval
+FAST_FACTOR = 4
 DATA_WAIT = semconv.PHASE_DATA_WAIT
 
 _now = time.perf_counter_ns
@@ -129,40 +133,51 @@ class GapSource:
             self._thread.start()
 
     def stop(self) -> None:
+        # not joined: it notices within one interval and ends (a daemon, it holds nothing)
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(1.0)
 
     # --- the sampler thread ----------------------------------------------------------
     def _sample_loop(self) -> None:
-        interval_ns = int(self.interval_s * 1e9)
-        while not self._stop.wait(self.interval_s):
+        """Wake every ``interval_s``; while a stretch is being sampled, FAST_FACTOR times as
+        often. Each wake-up costs what it costs whatever it finds (~0.1 ms of thread CPU on
+        a busy 2-CPU VM, docs/overhead.md), so the slow rate is what sampling costs a run
+        whose steps have no long stretch; one that has them gets several samples each."""
+        slow = self.interval_s
+        fast = slow / FAST_FACTOR
+        age_ns = int(fast * 1e9)
+        wait = slow
+        while not self._stop.is_set():
+            time.sleep(wait)  # cheaper to wake from than Event.wait
             try:
-                self._sample_once(interval_ns)
+                wait = fast if self._sample_once(age_ns) else slow
             except Exception as err:  # never let a sampling bug end the thread quietly
                 internal_errors.count("gaps", err)
+                wait = slow
 
-    def _sample_once(self, interval_ns: int) -> None:
+    def _sample_once(self, age_ns: int) -> bool:
+        """Sample the training thread if it has been outside every phase, or in one data
+        wait, for ``age_ns`` or more; True if it did."""
         tracker = self.tracker
         if not tracker.enabled:
-            return
+            return False
         phase = tracker.phase
         if phase is None:
             since = tracker.idle_since_ns
         elif phase == DATA_WAIT:
             since = tracker.phase_start_ns
         else:
-            return
+            return False
         now = _now()
-        if not since or now - since < interval_ns:
-            return
+        if not since or now - since < age_ns:
+            return False
         frame = sys._current_frames().get(tracker.thread_id)
         if frame is None or tracker.phase is not phase:  # it moved on meanwhile
-            return
+            return False
         stack = user_frames(frame, self._kinds)
         del frame
         worker = waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
         self.samples.append((now, stack, worker))
+        return True
 
     # --- the emitter thread ----------------------------------------------------------
     def _on_step(self, info: Any) -> None:
