@@ -19,6 +19,76 @@ class RankBreakdown:
 
 
 @dataclass
+class LateArrival:
+    """A collective that one rank reached after every other rank of its process group."""
+
+    step: int
+    rank: int
+    lag_s: float  # after the latest of the other ranks
+    op: str
+    seq: int
+    group: str
+
+    @property
+    def sentence(self) -> str:
+        return (f"rank {self.rank} arrived {self.lag_s * 1e3:.0f} ms after the others at "
+                f"{self.op} #{self.seq}")
+
+
+@dataclass
+class StepLateness:
+    """The rank a step's collectives waited for: how much later it arrived at them, summed
+    over the step's matched collectives, than the next latest rank (arrivals.py)."""
+
+    step: int
+    rank: int
+    lag_s: float
+    #: the step's collective at which this rank was the latest
+    worst: LateArrival
+
+
+@dataclass
+class RankLateness:
+    rank: int
+    #: sampled steps in which this rank arrived late, by at least ``arrivals.LATE_STEP_SHARE``
+    #: of the step, and its median lateness in them
+    late_steps: int
+    median_lag_s: float | None
+    #: its latest arrival at one collective, after the latest of the others
+    worst_lag_s: float
+    #: its lateness summed over the sampled steps it was late in: what the others lost to it
+    total_lag_s: float
+
+
+@dataclass
+class Arrivals:
+    """The same collective matched across ranks by (process group, sequence number), and the
+    ranks' arrival times (the collective spans' starts) compared."""
+
+    #: collectives seen on every rank of their group, and compared
+    matched: int = 0
+    #: seen on fewer ranks than their group has (a rank's spans missing)
+    unmatched: int = 0
+    #: one (group, seq) with different ops or steps across ranks, or a rank twice: the
+    #: sequence numbers did not line up (ranks instrumented differently), not compared
+    mismatched: int = 0
+    #: collectives inside summary spans (``collective.count``): one span stands for several,
+    #: so their arrivals are not known
+    summarised: int = 0
+    #: sampled steps with at least one matched collective
+    steps: int = 0
+    #: the rank late in most sampled steps, in how many, and its median lateness in them
+    late_rank: int | None = None
+    late_steps: int = 0
+    median_lag_s: float | None = None
+    #: the latest arrival at one collective in the run
+    worst: LateArrival | None = None
+    ranks: list[RankLateness] = field(default_factory=list)
+    #: the ``collective.source`` of the matched spans (what their start times are)
+    sources: list[str] = field(default_factory=list)
+
+
+@dataclass
 class SlowStep:
     step: int
     duration_s: float
@@ -26,6 +96,8 @@ class SlowStep:
     phase: str
     phase_s: float
     share: float  # phase_s / duration_s
+    #: the rank that arrived late at the step's collectives, where they were matched
+    late_arrival: StepLateness | None = None
 
     @property
     def cause(self) -> str:
@@ -117,6 +189,7 @@ class Report:
     samples_per_s: float | None
     tokens_per_s: float | None
     dropped: dict[str, float]
+    arrivals: Arrivals = field(default_factory=Arrivals)
 
     @property
     def missing_ranks(self) -> list[int]:

@@ -69,12 +69,21 @@ def typical_phase_s(table: StepTable) -> dict[str, float]:
 
 PhaseStarts = Callable[[int, str], dict[int, int]]
 CollectiveSeconds = Callable[[int], dict[int, float]]
+LateOfStep = Callable[[int], "tuple[int, float] | None"]
 
 
 def slow_steps(table: StepTable, durations: dict[int, float], top: int,
                phase_starts: PhaseStarts | None = None,
-               collective_s: CollectiveSeconds | None = None) -> list[SlowStep]:
+               collective_s: CollectiveSeconds | None = None,
+               late_of_step: LateOfStep | None = None) -> list[SlowStep]:
     """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical.
+
+    ``late_of_step(step)`` gives the rank that arrived late at the step's collectives and by
+    how many seconds (arrivals.py), or None where they were not matched. It is the direct
+    evidence, so it is asked first: when another rank than the blamed one arrived late by at
+    least half the blamed excess, the blamed rank was waiting for it, and the late rank is
+    blamed instead, for what it did before it got there; when the blamed rank itself did,
+    the blame stands. Only where it says neither are the two inferences below tried.
 
     ``phase_starts(step, phase)`` gives each rank's start of that phase (epoch ns) from the
     step's spans: when the blamed rank started the phase well before another rank, it was
@@ -95,13 +104,17 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
     out = []
     for step in slowest:
         excess, index, phase = _worst(table, rows.get(step, []), typical)
-        late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
-                           if phase_starts and index is not None else {})
-        if late is None and collective_s is not None and index is not None:
-            late = _waited_in_collectives(table.ranks[index], excess, collective_s(step))
-        if late is not None:
+        late = _arrived_late(excess, late_of_step(step)
+                             if late_of_step is not None and index is not None else None)
+        if late is None:  # no arrival evidence either way
+            late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
+                               if phase_starts and index is not None else {})
+            if late is None and collective_s is not None and index is not None:
+                late = _waited_in_collectives(table.ranks[index], excess, collective_s(step))
+        if late is not None and index is not None and late != table.ranks[index]:
             late_rows = [i for i in rows[step] if table.ranks[i] == late]
-            excess, index, phase = _worst(table, late_rows, typical, skip=phase)
+            if late_rows:  # else the late rank's step was not exported: the blame stands
+                excess, index, phase = _worst(table, late_rows, typical, skip=phase)
         out.append(_slow_step(table, step, durations[step], index, phase))
     return out
 
@@ -115,6 +128,15 @@ def _worst(table: StepTable, rows: list[int], typical: dict[str, float],
             if phase not in NOT_A_CAUSE and phase != skip and excess > best[0]:
                 best = (excess, index, phase)
     return best
+
+
+def _arrived_late(excess: float, late: tuple[int, float] | None) -> int | None:
+    """The rank that arrived at the step's collectives late enough to explain at least half
+    the blamed excess (maybe the blamed rank itself), else None."""
+    if late is None or excess <= 0:
+        return None
+    rank, lag_s = late
+    return rank if lag_s >= 0.5 * excess else None
 
 
 def _waited_for(table: StepTable, index: int | None, phase: str, excess: float,
