@@ -30,8 +30,12 @@ class LateArrival:
     group: str
 
     @property
+    def at(self) -> str:
+        return f"{self.lag_s * 1e3:.3g} ms at {self.op} #{self.seq}"
+
+    @property
     def sentence(self) -> str:
-        return (f"rank {self.rank} arrived {self.lag_s * 1e3:.0f} ms after the others at "
+        return (f"rank {self.rank} arrived {self.lag_s * 1e3:.3g} ms after the others at "
                 f"{self.op} #{self.seq}")
 
 
@@ -56,7 +60,8 @@ class RankLateness:
     median_lag_s: float | None
     #: its latest arrival at one collective, after the latest of the others
     worst_lag_s: float
-    #: its lateness summed over the sampled steps it was late in: what the others lost to it
+    #: its lateness summed over the sampled steps it was the late rank of: what the others
+    #: lost waiting for it
     total_lag_s: float
 
 
@@ -77,7 +82,9 @@ class Arrivals:
     summarised: int = 0
     #: sampled steps with at least one matched collective
     steps: int = 0
-    #: the rank late in most sampled steps, in how many, and its median lateness in them
+    #: the rank whose late arrivals cost the others the most waiting (``total_lag_s``), the
+    #: sampled steps it was late in (as ``RankLateness.late_steps``) and its median lateness
+    #: in them (None when there are none)
     late_rank: int | None = None
     late_steps: int = 0
     median_lag_s: float | None = None
