@@ -15,7 +15,7 @@ from otel_train.analysis.traces import StepTable
 #: a rank this much busier than the median rank is called a straggler
 STRAGGLER_RATIO = 1.05
 #: ... and so is a rank the others wait for in collectives this share of a step (beyond what
-#: it waits itself); the alert's threshold (prometheus/rules.yml) is 0.1 over 5 minutes
+#: it waits itself); the alert's threshold (prometheus/rules.yml) is 0.15 over 5 minutes
 STRAGGLER_WAIT_SHARE = 0.05
 SIGNAL_COLLECTIVE_WAIT = "collective_wait"
 SIGNAL_BUSY_TIME = "busy_time"
