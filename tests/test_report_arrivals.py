@@ -117,6 +117,24 @@ def test_the_terminal_says_who_arrived_late(run_dir: Path,
     assert f"worst: rank {SLOW_RANK} arrived " in text and "after the others at all_gather #" in text
 
 
+def test_ddp_collectives_from_the_process_group_hook_name_the_late_rank_too(
+        tmp_path: Path) -> None:
+    """DDP's all-reduces and buffer broadcasts come from the process-group hook, with its own
+    sequence numbers: they line up across ranks and name the sleeping rank as well."""
+    from otel_train.analysis.build import build_report
+
+    run = run_demo(tmp_path, "arrivals-ddp", 10, ("--ddp", "--slow-rank", str(SLOW_RANK),
+                                                  "--slow-s", str(SLOW_S), "--workers", "0"))
+    report = build_report(run, top=10)
+    a = report.arrivals
+    assert a.sources == ["pg_hook"] and a.matched > 0 and (a.unmatched, a.mismatched) == (0, 0)
+    assert a.late_rank == SLOW_RANK and LAG_RANGE[0] <= (a.median_lag_s or 0) <= LAG_RANGE[1]
+    for slow in report.slow_steps:
+        if slow.step in SLOW_STEPS:
+            assert slow.late_arrival is not None and slow.late_arrival.rank == SLOW_RANK
+            assert LAG_RANGE[0] <= slow.late_arrival.lag_s <= LAG_RANGE[1], slow.late_arrival
+
+
 def test_summary_spans_are_not_matched_and_the_report_says_so(tmp_path: Path) -> None:
     run = run_demo(tmp_path, "summaries", 6, ("--workers", "0"),
                    env={"OTEL_TRAIN_COLLECTIVE_SPANS": "summary"})

@@ -69,7 +69,7 @@ def typical_phase_s(table: StepTable) -> dict[str, float]:
 
 PhaseStarts = Callable[[int, str], dict[int, int]]
 CollectiveSeconds = Callable[[int], dict[int, float]]
-LateOfStep = Callable[[int], "tuple[int, float] | None"]
+LateOfStep = Callable[[int], tuple[int, float] | None]
 
 
 def slow_steps(table: StepTable, durations: dict[int, float], top: int,
