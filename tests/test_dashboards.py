@@ -212,7 +212,7 @@ def test_recording_rules_the_dashboards_read_are_in_the_rules_file():
         if q.lang == "promql"
         for name in re.findall(r"\b([a-z_]+:[a-z0-9_]+:[a-z0-9_]+)\b", q.text)
     }
-    assert {names.COLLECTIVE_PER_STEP, names.WAIT_CAUSED} <= read
+    assert {names.COLLECTIVE_PER_STEP, names.WAIT_CAUSED, names.ARRIVAL_LAG} <= read
     assert read <= recorded
     # the wait-share line and the checklist verdict use the alert's own threshold
     straggler = next(rule for rule in rules if rule.get("alert") == checklist.ALERT_STRAGGLER)

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 SHARE = "training_run_rank:collective_wait_caused:share_of_step5m"
 PER_STEP = "training_run_rank:collective_duration_seconds:per_step5m"
 OVER_MEDIAN = "training_run_rank:step_duration_seconds:over_run_median5m"
+ARRIVAL_LAG = "training_run_rank:collective_arrival_lag_seconds:per_step5m"
 
 
 def test_the_straggler_alert_names_the_slow_rank_on_replayed_metrics(tmp_path: Path) -> None:
@@ -29,13 +30,16 @@ def test_the_straggler_alert_names_the_slow_rank_on_replayed_metrics(tmp_path: P
                        env={"OTEL_METRIC_EXPORT_INTERVAL": "500",
                             "OTEL_TRAIN_EMIT_INTERVAL_MS": "200"})
     ev = evaluate(run_dir, tmp_path / "eval", "TrainingStragglerRank",
-                  (SHARE, PER_STEP, OVER_MEDIAN), run_id="replay-straggler")
+                  (SHARE, PER_STEP, OVER_MEDIAN, ARRIVAL_LAG), run_id="replay-straggler")
     assert ev.sent["requests"] >= 4 and ev.sent["points"] > 0, ev.sent
     share, per_step = ev.values(SHARE), ev.values(PER_STEP)
     assert set(share) == {"0", "1"}, ev.records
     # rank 0 waits in its all-reduces while rank 1 sleeps; rank 1 hardly waits
     assert per_step["0"] > per_step["1"], per_step
-    assert share["1"] > 0.1 > share["0"], share
+    assert share["1"] > 0.15 > share["0"], share
+    # rank 1 arrives later than rank 0 by the wait it causes; rank 0 is the earliest
+    lag = ev.values(ARRIVAL_LAG)
+    assert lag["0"] == 0 and lag["1"] == pytest.approx(per_step["0"] - per_step["1"]), lag
     assert ev.named() == {"1": "collective_wait"}, ev.alert_expr
     # the alert itself is pending (its `for: 10m` cannot pass on a run of seconds)
     assert {(a["metric"]["training_rank"], a["metric"]["alertstate"]) for a in ev.alerts} == {

@@ -78,7 +78,7 @@ def test_data_wait_spikes_are_blamed_on_the_straggler(report) -> None:
 def test_cause_reads_as_one_line(report) -> None:
     slow = next(s for s in report.slow_steps if s.step == 37)
     assert slow.cause.startswith("step 37: rank 2 data wait 1.9")
-    assert slow.cause.endswith("% of step")
+    assert "% of step" in slow.cause and "\n" not in slow.cause
 
 
 def test_recompile_step_is_blamed_on_compile(report) -> None:

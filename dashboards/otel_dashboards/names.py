@@ -58,7 +58,10 @@ COLLECTIVE_PER_STEP = "training_run_rank:collective_duration_seconds:per_step5m"
 #: a step the other ranks lose waiting for this rank (TrainingStragglerRank, collective_wait)
 WAIT_CAUSED = "training_run_rank:collective_wait_caused:share_of_step5m"
 #: the share above which TrainingStragglerRank fires with straggler_signal="collective_wait"
-WAIT_CAUSED_LIMIT = 0.1
+WAIT_CAUSED_LIMIT = 0.15
+#: seconds per step this rank arrives at its collectives after the earliest rank (the longest
+#: collective seconds per step in the run less this rank's)
+ARRIVAL_LAG = "training_run_rank:collective_arrival_lag_seconds:per_step5m"
 
 #: labels besides run and rank that identify a series of each metric
 IDENTITY = {

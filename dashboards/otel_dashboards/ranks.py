@@ -61,6 +61,19 @@ def _stragglers(board: dash.Dashboard) -> None:
     )
     board.with_panel(
         kit.series(
+            "Arrives after the earliest rank (seconds per step)",
+            "How much later each rank reaches its collectives than the earliest rank, per "
+            "step (training_run_rank:collective_arrival_lag_seconds:per_step5m, 5 min): every "
+            "rank leaves a synchronous collective at about the same time, so the longest "
+            "collective time in the run less this rank's is how much later it arrived. The "
+            "straggler's line is the highest, the earliest rank sits at 0. otel-train report "
+            "measures the same per collective from the spans (which rank arrived last at "
+            "which all_gather, by how much).",
+            [kit.prom(kit.gauge(names.ARRIVAL_LAG, s), RANK_LEGEND)],
+        )
+    )
+    board.with_panel(
+        kit.series(
             "Per-rank p99 step time",
             "Every rank's own p99; the slowest line is the straggler.",
             [kit.prom(kit.per_rank_quantile(0.99, names.STEP, s), RANK_LEGEND)],

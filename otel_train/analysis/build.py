@@ -6,6 +6,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from otel_train import semconv as sc
+from otel_train.analysis import arrivals as arr
 from otel_train.analysis import steps as st
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.model import (
@@ -55,12 +56,18 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         lag = st.straggler(table, by_rank, _wait_shares(metrics))
         rank_rows = st.rank_breakdowns(table, by_rank)
         over_time = st.over_time(table)
+        matching = arr.match(traces.arrivals)
+        # a step number names one step only within a run: files mixing runs get no verdict
+        # per step (their collectives are still matched within each run)
+        lateness = arr.step_lateness(matching) if len(traces.run_ids) <= 1 else {}
     finally:
         spans = reading_steps()
     world = traces.world_size or len(by_rank)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
         spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
-        set(range(world)) | set(by_rank))
+        set(range(world)) | set(by_rank), late_of_step=arr.late_of_step(lateness, durations))
+    for slow_step in slow:
+        slow_step.late_arrival = lateness.get(slow_step.step)
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
     samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
@@ -82,6 +89,7 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         tokens_per_s=tokens / wall if tokens and wall else None,
         dropped={str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
                  for p in metrics.series(sc.METRIC_TELEMETRY_DROPPED)},
+        arrivals=arr.summarise(traces.arrivals, matching, lateness, durations),
     )
 
 

@@ -7,7 +7,13 @@ from html import escape
 
 from otel_train.analysis import svg
 from otel_train.analysis.model import Report
-from otel_train.analysis.terminal import fmt_bytes, fmt_s, straggler_lines
+from otel_train.analysis.terminal import (
+    arrival_lines,
+    fmt_bytes,
+    fmt_s,
+    late_rows,
+    straggler_lines,
+)
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1000px}
@@ -43,7 +49,7 @@ def render_html(report: Report) -> str:
     parts += ["<h2>Step time per rank</h2>", svg.distributions(report),
               "<h2>Mean phase time per rank</h2>", svg.phase_shares(report),
               "<h2>Breakdown over time</h2>", svg.over_time(report),
-              "<h2>Collectives</h2>", _collectives(report),
+              "<h2>Collectives</h2>", _collectives(report), _late_table(report),
               "<h2>Memory, overlap and CPU throttling</h2>", _resources(report)]
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{CSS}</style></head><body>"
@@ -58,6 +64,7 @@ def _summary(report: Report) -> str:
         items.append(f"ranks that sent no telemetry: {report.missing_ranks}")
     if report.straggler is not None:
         items.extend(straggler_lines(report))
+    items.extend(arrival_lines(report))
     if report.samples_per_s:
         items.append(f"{report.samples_per_s:,.1f} samples/s")
     c = report.compile
@@ -98,6 +105,15 @@ def _collectives(report: Report) -> str:
                   [[r.op, str(r.count), fmt_s(r.total_s), fmt_bytes(r.bytes),
                     "-" if r.mean_bus_bw_gbps is None else f"{r.mean_bus_bw_gbps:.1f}"]
                    for r in report.collectives], left=1)
+
+
+def _late_table(report: Report) -> str:
+    rows = late_rows(report)
+    if not rows:
+        return ""
+    return ("<h3>Who the slowest steps' collectives waited for</h3>"
+            + _table(["step", "late rank", "late by", "its latest arrival, after the others"],
+                     rows))
 
 
 def _resources(report: Report) -> str:

@@ -18,6 +18,94 @@ class RankBreakdown:
     quantiles_s: list[float]  # min, p25, p50, p75, p95, max of step time
 
 
+#: a step waited for its late rank when it arrived this share of the step's duration after
+#: the others (the slow-step blame takes it as evidence, the run's verdict counts the step,
+#: a slow step's cause says it); below it is jitter: on the 2-core gloo demo, ranks took
+#: turns being late by up to 17% of a 50 ms step, while a rank sleeping before its forward
+#: is late by 70-85% of its step
+LATE_STEP_SHARE = 0.25
+
+
+@dataclass
+class LateArrival:
+    """A collective that one rank reached after every other rank of its process group."""
+
+    step: int
+    rank: int
+    lag_s: float  # after the latest of the other ranks
+    op: str
+    seq: int
+    group: str
+
+    @property
+    def at(self) -> str:
+        return f"{_lag(self.lag_s)} at {self.op} #{self.seq}"
+
+    @property
+    def sentence(self) -> str:
+        return f"rank {self.rank} arrived {_lag(self.lag_s)} after the others at {self.op} #{self.seq}"
+
+
+def _lag(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+@dataclass
+class StepLateness:
+    """The rank a step's collectives waited for: how much later it arrived at them, summed
+    over the step's matched collectives, than the next latest rank (arrivals.py)."""
+
+    step: int
+    rank: int
+    lag_s: float
+    #: the step's collective at which this rank was the latest
+    worst: LateArrival
+
+
+@dataclass
+class RankLateness:
+    rank: int
+    #: sampled steps in which this rank arrived late, by at least ``arrivals.LATE_STEP_SHARE``
+    #: of the step, and its median lateness in them
+    late_steps: int
+    median_lag_s: float | None
+    #: its latest arrival at one collective, after the latest of the others
+    worst_lag_s: float
+    #: its lateness summed over the sampled steps it was the late rank of: what the others
+    #: lost waiting for it
+    total_lag_s: float
+
+
+@dataclass
+class Arrivals:
+    """The same collective matched across ranks by (process group, sequence number), and the
+    ranks' arrival times (the collective spans' starts) compared."""
+
+    #: collectives seen on every rank of their group, and compared
+    matched: int = 0
+    #: seen on fewer ranks than their group has (a rank's spans missing)
+    unmatched: int = 0
+    #: one (group, seq) with different ops or steps across ranks, or a rank twice: the
+    #: sequence numbers did not line up (ranks instrumented differently), not compared
+    mismatched: int = 0
+    #: collectives inside summary spans (``collective.count``): one span stands for several,
+    #: so their arrivals are not known
+    summarised: int = 0
+    #: sampled steps with at least one matched collective
+    steps: int = 0
+    #: the rank whose late arrivals cost the others the most waiting (``total_lag_s``), the
+    #: sampled steps it was late in (as ``RankLateness.late_steps``) and its median lateness
+    #: in them (None when there are none)
+    late_rank: int | None = None
+    late_steps: int = 0
+    median_lag_s: float | None = None
+    #: the latest arrival at one collective in the run
+    worst: LateArrival | None = None
+    ranks: list[RankLateness] = field(default_factory=list)
+    #: the ``collective.source`` of the matched spans (what their start times are)
+    sources: list[str] = field(default_factory=list)
+
+
 @dataclass
 class SlowStep:
     step: int
@@ -36,6 +124,8 @@ class SlowStep:
     throttled_s: float | None = None
     #: why the telemetry does not explain the step, where it does not
     unexplained: str | None = None
+    #: the rank that arrived late at the step's collectives, where they were matched
+    late_arrival: StepLateness | None = None
 
     @property
     def cause(self) -> str:
@@ -55,6 +145,10 @@ class SlowStep:
             text += f", in {self.location}"
         if self.worker is not None:
             text += f", waiting for DataLoader worker {self.worker}"
+        late = self.late_arrival
+        if (late is not None and late.rank == self.rank and late.worst is not None
+                and late.lag_s >= LATE_STEP_SHARE * self.duration_s):
+            text += f"; {late.worst.sentence}"
         if self.unexplained:
             text += f"; not explained: {self.unexplained}"
         return text
@@ -147,6 +241,7 @@ class Report:
     samples_per_s: float | None
     tokens_per_s: float | None
     dropped: dict[str, float]
+    arrivals: Arrivals = field(default_factory=Arrivals)
 
     @property
     def missing_ranks(self) -> list[int]:

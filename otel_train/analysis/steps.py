@@ -15,7 +15,7 @@ from otel_train.analysis.traces import UNTIMED, StepTable
 #: a rank this much busier than the median rank is called a straggler
 STRAGGLER_RATIO = 1.05
 #: ... and so is a rank the others wait for in collectives this share of a step (beyond what
-#: it waits itself); the alert's threshold (prometheus/rules.yml) is 0.1 over 5 minutes
+#: it waits itself); the alert's threshold (prometheus/rules.yml) is 0.15 over 5 minutes
 STRAGGLER_WAIT_SHARE = 0.05
 SIGNAL_COLLECTIVE_WAIT = "collective_wait"
 SIGNAL_BUSY_TIME = "busy_time"
@@ -78,13 +78,22 @@ def typical_phase_s(table: StepTable) -> dict[str, float]:
 
 PhaseStarts = Callable[[int, str], dict[int, int]]
 CollectiveSeconds = Callable[[int], dict[int, float]]
+LateOfStep = Callable[[int], tuple[int, float] | None]
 
 
 def slow_steps(table: StepTable, durations: dict[int, float], top: int,
                phase_starts: PhaseStarts | None = None,
                collective_s: CollectiveSeconds | None = None,
-               world_ranks: set[int] | None = None) -> list[SlowStep]:
+               world_ranks: set[int] | None = None,
+               late_of_step: LateOfStep | None = None) -> list[SlowStep]:
     """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical.
+
+    ``late_of_step(step)`` gives the rank that arrived late at the step's collectives and by
+    how many seconds (arrivals.py), or None where they were not matched. It is the direct
+    evidence, so it is asked first: when another rank than the blamed one arrived late by at
+    least half the blamed excess, the blamed rank was waiting for it, and the late rank is
+    blamed instead, for what it did before it got there; when the blamed rank itself did,
+    the blame stands. Only where it says neither are the two inferences below tried.
 
     ``phase_starts(step, phase)`` gives each rank's start of that phase (epoch ns) from the
     step's spans: when the blamed rank started the phase well before another rank, it was
@@ -113,13 +122,17 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
     out = []
     for step in slowest:
         excess, index, phase = _worst(table, rows.get(step, []), typical)
-        late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
-                           if phase_starts and index is not None else {})
-        if late is None and collective_s is not None and index is not None:
-            late = _waited_in_collectives(table.ranks[index], excess, collective_s(step))
-        if late is not None:
+        late = _arrived_late(excess, late_of_step(step)
+                             if late_of_step is not None and index is not None else None)
+        if late is None:  # no arrival evidence either way
+            late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
+                               if phase_starts and index is not None else {})
+            if late is None and collective_s is not None and index is not None:
+                late = _waited_in_collectives(table.ranks[index], excess, collective_s(step))
+        if late is not None and index is not None and late != table.ranks[index]:
             late_rows = [i for i in rows[step] if table.ranks[i] == late]
-            excess, index, phase = _worst(table, late_rows, typical, skip=phase)
+            if late_rows:  # else the late rank's step was not exported: the blame stands
+                excess, index, phase = _worst(table, late_rows, typical, skip=phase)
         throttled = _throttled_row(table, rows.get(step, []), durations[step] - typical_step)
         if throttled is not None and throttled != index:
             excess, index, phase = _worst(table, [throttled], typical)
@@ -186,6 +199,15 @@ def _worst(table: StepTable, rows: list[int], typical: dict[str, float],
             if phase not in NOT_A_CAUSE and phase != skip and excess > best[0]:
                 best = (excess, index, phase)
     return best
+
+
+def _arrived_late(excess: float, late: tuple[int, float] | None) -> int | None:
+    """The rank that arrived at the step's collectives late enough to explain at least half
+    the blamed excess (maybe the blamed rank itself), else None."""
+    if late is None or excess <= 0:
+        return None
+    rank, lag_s = late
+    return rank if lag_s >= 0.5 * excess else None
 
 
 def _waited_for(table: StepTable, index: int | None, phase: str, excess: float,

@@ -17,6 +17,7 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from otel_train.analysis.arrivals import LATE_STEP_SHARE
 from otel_train.analysis.model import Report
 
 #: what rich draws where a header or cell did not fit its column
@@ -52,7 +53,8 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
         # one wide table; else step times and phase shares apart; else one block per rank
         print_fitted(console, [_phase_table(report)],
                      [_step_time_table(report), _phase_share_table(report)])
-    for table in (_slow_table(report), _collective_table(report), _resource_table(report)):
+    for table in (_slow_table(report), _late_table(report), _collective_table(report),
+                  _resource_table(report)):
         if table.row_count:
             print_fitted(console, [table])
     console.print(_compile_line(report))
@@ -123,6 +125,7 @@ def _header(report: Report) -> str:
                      f"(of {report.world_size}; their instrumentation did not start or "
                      "their export failed: see their stderr)")
     lines.extend(straggler_lines(report, bold=True))
+    lines.extend(arrival_lines(report, bold=True))
     if report.samples_per_s:
         tokens = f", {report.tokens_per_s:,.0f} tokens/s" if report.tokens_per_s else ""
         lines.append(f"throughput: {report.samples_per_s:,.1f} samples/s{tokens}")
@@ -171,6 +174,23 @@ def _slow_table(report: Report) -> Table:
     for slow in report.slow_steps:
         table.add_row(str(slow.step), fmt_s(slow.duration_s), str(slow.rank), slow.cause)
     return table
+
+
+def _late_table(report: Report) -> Table:
+    table = Table(title="Who the slowest steps' collectives waited for (arrival times)")
+    for column in ("step", "late rank", "late by"):
+        table.add_column(column, justify="right")
+    table.add_column("its latest arrival, after the others")
+    for row in late_rows(report):
+        table.add_row(*row)
+    return table
+
+
+def late_rows(report: Report) -> list[list[str]]:
+    """(step, late rank, late by, its latest arrival) of each slowest step whose
+    collectives were matched across ranks (terminal and HTML)."""
+    return [[str(s.step), str(late.rank), fmt_s(late.lag_s), late.worst.at]
+            for s in report.slow_steps if (late := s.late_arrival) is not None]
 
 
 def _collective_table(report: Report) -> Table:
@@ -233,3 +253,31 @@ def straggler_lines(report: Report, bold: bool = False) -> list[str]:
                          f"(rank {report.straggler_wait_rank} most)")
         return ["no straggler: " + "; ".join(parts)]
     return []
+
+
+def arrival_lines(report: Report, bold: bool = False) -> list[str]:
+    """The late-arrival verdict in words (terminal and HTML): who arrived last at the
+    collectives, matched across ranks by sequence number, and what could not be compared."""
+    b, e = ("[bold]", "[/]") if bold else ("", "")
+    a = report.arrivals
+    skipped = [f"{n} {what}" for n, what in (
+        (a.unmatched, "seen on only some ranks"),
+        (a.mismatched, "whose sequence numbers did not line up across ranks"),
+        (a.summarised, "in summary spans (OTEL_TRAIN_COLLECTIVE_SPANS=summary)")) if n]
+    not_compared = f" ({', '.join(skipped)}: not compared)" if skipped else ""
+    if not a.matched:
+        return [f"late arrivals: not known{not_compared}"] if skipped else []
+    total = next((r.total_lag_s for r in a.ranks if r.rank == a.late_rank), 0.0)
+    if a.late_rank is None:
+        verdict = "no rank arrived late"
+    elif a.late_steps:
+        verdict = (f"the others waited most for {b}rank {a.late_rank}{e} ({fmt_s(total)} in "
+                   f"{a.steps} sampled steps): by {LATE_STEP_SHARE:.0%} of a step or more in "
+                   f"{a.late_steps} of them, a median {fmt_s(a.median_lag_s)}")
+    else:
+        verdict = (f"the others waited most for {b}rank {a.late_rank}{e} ({fmt_s(total)} in "
+                   f"{a.steps} sampled steps), in none by {LATE_STEP_SHARE:.0%} of a step")
+    worst = (f"; worst: {a.worst.sentence} (step {a.worst.step})"
+             if a.worst is not None else "")
+    return [f"late arrivals ({a.matched} collectives matched across ranks): "
+            f"{verdict}{worst}{not_compared}"]

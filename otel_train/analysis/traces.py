@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_train import semconv as sc
+from otel_train.analysis.arrivals import ARRIVAL_ATTRIBUTES, ArrivalRows
 from otel_train.analysis.otlp import (
     LineIndex,
     RawAttributes,
@@ -40,11 +41,11 @@ UNTIMED = "untimed"
 PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
-#: the five attributes of a collective's span that pass one reads (of a rank_step's it
-#: reads most, so it decodes them all)
+#: the attributes of a collective's span that pass one reads: five for the tallies, and
+#: those that match it across ranks (of a rank_step's it reads most, so it decodes them all)
 COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COUNT,
                                    sc.ATTR_COLLECTIVE_TOTAL_S, sc.ATTR_COLLECTIVE_BYTES,
-                                   sc.ATTR_COLLECTIVE_BUS_BW})
+                                   sc.ATTR_COLLECTIVE_BUS_BW, *ARRIVAL_ATTRIBUTES})
 
 
 #: the rank_step attribute of each timed phase, in ``PHASES`` order (``UNTIMED`` is last)
@@ -217,6 +218,8 @@ class TraceDigest:
     step_trace: dict[int, str] = field(default_factory=dict)
     collectives: dict[str, CollectiveTally] = field(default_factory=dict)
     compiles: CompileTally = field(default_factory=CompileTally)
+    #: each collective's arrival, to match it across ranks (arrivals.py)
+    arrivals: ArrivalRows = field(default_factory=ArrivalRows)
     run_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank: (start, end)
     run_ids: set[str] = field(default_factory=set)
     world_size: int = 0
@@ -258,6 +261,7 @@ class TraceDigest:
         elif name == sc.SPAN_COLLECTIVE:
             op = str(attribute(attrs, sc.ATTR_COLLECTIVE_OP, "unknown"))
             self.collectives.setdefault(op, CollectiveTally()).add(attrs, duration_s)
+            self.arrivals.add(attrs, resource, op, start_ns)
         elif name == sc.SPAN_COMPILE:
             self.compiles.add(attrs, duration_s)
         elif name == sc.SPAN_RUN:
@@ -273,6 +277,7 @@ class TraceDigest:
         for op, tally in other.collectives.items():
             self.collectives.setdefault(op, CollectiveTally()).merge(tally)
         self.compiles.merge(other.compiles)
+        self.arrivals.merge(other.arrivals)
         self.run_spans.update(other.run_spans)
         self.run_ids |= other.run_ids
         self.world_size = max(self.world_size, other.world_size)
