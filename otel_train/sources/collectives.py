@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from otel_train import collectives_math as cmath
-from otel_train import internal_errors, nccl, semconv
+from otel_train import internal_errors, nccl, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows
 from otel_train.export.buckets import SECONDS_BUCKETS
@@ -44,7 +44,6 @@ from otel_train.sources.stall import StallWatch
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
 #: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
 ENV_PG_HOOKS = "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"
-_MIN_TORCH = (2, 6)
 #: how often Works without a future (gloo's asynchronous reduce_scatter) are polled for
 #: their completion while one is in flight: the resolution of their durations
 _WORK_POLL_S = 0.05
@@ -80,14 +79,6 @@ class Collective:
         return max(0, (self.done or self.issue) - self.issue) / 1e9
 
 
-def _torch_version() -> tuple[int, int]:
-    parts = torch.__version__.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        return (0, 0)
-
-
 class CollectiveSource:
     """The source registered in ``instrument.SOURCES``."""
 
@@ -101,8 +92,9 @@ class CollectiveSource:
 
         if not dist.is_available() or not dist.is_initialized():
             return
-        if _torch_version() < _MIN_TORCH:
-            warnings.warn(f"otel-train: collectives need torch >= 2.6 (found "
+        if torch_compat.torch_version() < torch_compat.MIN_TORCH:
+            least = ".".join(map(str, torch_compat.MIN_TORCH))
+            warnings.warn(f"otel-train: collectives need torch >= {least} (found "
                           f"{torch.__version__}); not observed", ConfigWarning, stacklevel=4)
             return
         if ctx.config.nccl_plugin:

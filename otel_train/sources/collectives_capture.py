@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from otel_train import internal_errors
+from otel_train import internal_errors, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.recorder import EVENT
 
@@ -86,7 +86,7 @@ _is_compiling = torch.compiler.is_compiling
 def _outside_dynamo(fn: Callable[..., Any]) -> Callable[..., Any]:
     """A callback C++ calls while a compiled graph runs (a ProcessGroup hook, a future's
     callback) would be a new frame for dynamo to compile: keep dynamo off it."""
-    return torch._dynamo.disable(fn, recursive=True)
+    return torch_compat.dynamo_disable(fn)
 
 
 def pg_hooks_available() -> bool:
@@ -137,7 +137,7 @@ class Capture:
         info = self._groups.get(key)
         if info is None:
             if group is None:
-                group = dist.distributed_c10d._get_default_group()
+                group = torch_compat.default_group()
             backend = str(dist.get_backend(group))
             if ":" in backend:  # "cpu:gloo,cuda:nccl": the one for this device
                 parts = dict(p.split(":", 1) for p in backend.split(",") if ":" in p)
@@ -260,7 +260,7 @@ class Capture:
     # --- ProcessGroup hooks (torch 2.14+) --------------------------------------------
     def hook_groups(self) -> int:
         hooked = 0
-        for group in list(dist.distributed_c10d._world.pg_map):
+        for group in torch_compat.process_groups():
             try:
                 self._hook_group(group)
             except Exception as err:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from otel_train import torch_compat
+
 #: element sizes of the c10 ScalarType names the flight recorder writes
 _DTYPE_BYTES = {
     "Float": 4, "Double": 8, "Half": 2, "BFloat16": 2, "Long": 8, "Int": 4, "Short": 2,
@@ -59,12 +61,7 @@ def _dump() -> Any:
     traces, else the JSON one. Both hold the same entries; on an H200 with 2000 entries the
     pickle dump and its parse took 16 ms, the JSON ones 39 ms (bench/multigpu/fr_read_cost.py),
     with the GIL held, on the emitter thread, at every read."""
-    try:
-        from torch._C import _distributed_c10d as c10d
-    except ImportError:
-        return None
-    as_json = getattr(c10d, "_dump_nccl_trace_json", None)
-    as_pickle = getattr(c10d, "_dump_nccl_trace", None)
+    as_pickle, as_json = torch_compat.nccl_trace_dumps()
 
     def read_json() -> Any:
         raw = as_json(includeCollectives=True, onlyActive=False)
@@ -101,7 +98,7 @@ def dtype_bytes(dtype: Any) -> int:
 
 def nccl_groups() -> list[Any]:
     out = []
-    for group in list(dist.distributed_c10d._world.pg_map):
+    for group in torch_compat.process_groups():
         try:
             if "nccl" in str(dist.get_backend(group)):
                 out.append(group)

@@ -31,7 +31,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_train import identity, internal_errors, semconv
+from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.recorder import EVENT
@@ -89,8 +89,7 @@ class CompileSource:
 
     # --- training thread ---------------------------------------------------------------
     def start(self, ctx: RunContext) -> None:
-        import torch._dynamo
-        from torch._dynamo.utils import counters
+        counters = torch_compat.dynamo_counters()
 
         self.ctx = ctx
         self.counters = counters
@@ -127,15 +126,13 @@ class CompileSource:
 
         self._on_start, self._on_end = on_start, on_end
         self._limit_at_start = _recompile_limit()
-        self._handler = getattr(getattr(torch._dynamo, "callback", None), "callback_handler",
-                                None)
-        if self._handler is None or not hasattr(self._handler, "register_start_callback"):
-            self._handler = None
+        self._handler = torch_compat.compile_callback_handler()
+        if self._handler is None:
             self._warn("callbacks", "torch._dynamo.callback.callback_handler is missing: "
                        "compilations are placed in steps by time only")
         else:
             self._register()
-            self._wrap_reset(torch._dynamo)
+            self._wrap_reset(torch_compat.dynamo_module())
         missing = records.missing_fields()
         if missing:
             self._warn("fields", "this torch's CompilationMetrics lacks "
@@ -599,13 +596,7 @@ def _recompile_limit(fail_reason: str | None = None) -> int | None:
         return int(match.group(1))
     if fail_reason is not None:
         return None
-    from torch._dynamo import config
-
-    for name in ("recompile_limit", "cache_size_limit"):  # renamed in torch 2.7
-        value = getattr(config, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+    return torch_compat.recompile_limit()
 
 
 def _portable_frame(rec: records.CompileRecord) -> str:

@@ -16,6 +16,8 @@ import dataclasses
 import re
 from typing import Any
 
+from otel_train import torch_compat
+
 #: CompilationMetrics fields read here (verified against torch 2.15's torch/_dynamo/utils.py)
 FIELDS = (
     "compile_id", "co_name", "co_filename", "co_firstlineno", "cache_size", "guard_count",
@@ -123,11 +125,9 @@ def parse(rec: Any) -> CompileRecord:
 
 def missing_fields() -> list[str]:
     """Fields of FIELDS this torch's CompilationMetrics lacks ([] when it has them all)."""
-    try:
-        from torch._dynamo.utils import CompilationMetrics
-    except ImportError:
+    names = torch_compat.compilation_metrics_fields()
+    if names is None:
         return list(FIELDS)
-    names = {f.name for f in dataclasses.fields(CompilationMetrics)}
     return [f for f in FIELDS if f not in names]
 
 
@@ -135,9 +135,6 @@ class RecordReader:
     """New compilation records since the last read (or since start)."""
 
     def __init__(self, keep: int = 256) -> None:
-        from torch._dynamo import utils
-
-        self._utils = utils
         self._keep = keep
         self._seen: collections.OrderedDict[int, Any] = collections.OrderedDict()
         self.possibly_missed = False
@@ -145,8 +142,7 @@ class RecordReader:
             self._remember(rec)
 
     def _snapshot(self) -> list[Any]:
-        get = getattr(self._utils, "get_compilation_metrics", None)
-        return list(get()) if get is not None else []
+        return torch_compat.compilation_metrics()
 
     def _remember(self, rec: Any) -> None:
         self._seen[id(rec)] = rec
@@ -156,7 +152,7 @@ class RecordReader:
     def read(self) -> list[CompileRecord]:
         records = self._snapshot()
         new = [rec for rec in records if id(rec) not in self._seen]
-        limit = getattr(getattr(self._utils, "_compilation_metrics", None), "maxlen", None)
+        limit = torch_compat.compilation_metrics_kept()
         if new and len(new) == len(records) and self._seen and limit == len(records):
             self.possibly_missed = True  # the deque turned over entirely since the last read
         for rec in new:

@@ -33,7 +33,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from otel_train import internal_errors, semconv
+from otel_train import internal_errors, semconv, torch_compat
 
 #: a stretch outside every phase, or a data wait, at least this long becomes an event
 MIN_GAP_S = 0.01
@@ -88,19 +88,6 @@ def user_frames(frame: Any, kinds: dict[Any, int]) -> tuple[Frame, ...]:
                         frame.f_lineno))
         frame = frame.f_back
     return tuple(out)
-
-
-def waited_worker(it: Any) -> int | None:
-    """The DataLoader worker a multi-process iterator waits for: the one its next batch in
-    order was sent to (torch's ``_task_info[_rcvd_idx]`` holds ``(worker id,)`` until the
-    batch arrives). None for single-process iterators and unknown layouts."""
-    try:
-        info = it._task_info.get(it._rcvd_idx)
-    except Exception:
-        return None
-    if isinstance(info, tuple) and len(info) == 1 and isinstance(info[0], int):
-        return info[0]
-    return None
 
 
 def segment_name(after: str | None, before: str | None) -> str:
@@ -175,7 +162,7 @@ class GapSource:
             return False
         stack = user_frames(frame, self._kinds)
         del frame
-        worker = waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
+        worker = torch_compat.waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
         self.samples.append((now, stack, worker))
         return True
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from otel_train import internal_errors, semconv
+from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu_device import training_device
@@ -43,7 +43,7 @@ def _on_oom(device: int, requested: int, device_allocated: int, device_free: int
 
 def read_stats(device: int) -> tuple[int, int, int, int, int, int]:
     """(allocated, allocated peak, reserved, reserved peak, alloc retries, OOMs) now."""
-    stats = torch._C._cuda_memoryStats(device)
+    stats = torch_compat.cuda_memory_stats(device)
     allocated = stats["allocated_bytes"]["all"]
     reserved = stats["reserved_bytes"]["all"]
     return (allocated["current"], allocated["peak"], reserved["current"], reserved["peak"],
@@ -89,7 +89,7 @@ class MemorySource:
         ctx.emitter.before_step(self._before_step)
         ctx.tracker.step_hooks = (*ctx.tracker.step_hooks, self._step_hook)
         if not _oom_attached:
-            torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+            torch_compat.attach_oom_observer(_on_oom)
             _oom_attached = True
         _oom_target = self
 
@@ -107,7 +107,7 @@ class MemorySource:
         try:
             self._put((EVENT, RECORD, (step, *read_stats(self.device))))
             if self.reset_peaks:
-                torch._C._cuda_resetPeakMemoryStats(self.device)
+                torch_compat.reset_peak_memory_stats(self.device)
         except Exception as err:
             internal_errors.count("memory", err)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from otel_train import internal_errors, semconv
+from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu_device import training_device
@@ -57,10 +57,9 @@ def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
 
 
 def has_compiled_parts(model: torch.nn.Module) -> bool:
-    from torch._dynamo.eval_frame import OptimizedModule
-
-    return any(isinstance(m, OptimizedModule) or m.__dict__.get("_compiled_call_impl")
-               is not None for m in model.modules())
+    optimized = torch_compat.optimized_module_class() or ()
+    return any(isinstance(m, optimized) or torch_compat.compiled_call_impl(m) is not None
+               for m in model.modules())
 
 
 class MfuSource:

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from otel_train import identity, internal_errors, semconv
+from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.recorder import PHASE, STEP, Recorder
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER = semconv.TIMED_PHASES
@@ -272,9 +272,7 @@ class StepHooks:
 
     # --- data ------------------------------------------------------------------------
     def hook_dataloader(self, dataset: Any = None) -> None:
-        from torch.utils.data import dataloader as dl
-
-        cls = dl._BaseDataLoaderIter
+        cls = torch_compat.dataloader_iter_class()
         original = cls.__dict__["__next__"]
         tracker = self.tracker
 
@@ -298,7 +296,7 @@ class StepHooks:
     # --- forward ---------------------------------------------------------------------
     def hook_model(self, model: torch.nn.Module) -> None:
         tracker = self.tracker
-        compiled_call = model.__dict__.get("_compiled_call_impl")
+        compiled_call = torch_compat.compiled_call_impl(model)
         if compiled_call is not None:  # model.compile(): hooks would run inside the graph
             def timed_call(*args: Any, **kwargs: Any) -> Any:
                 if not tracker.active():
@@ -309,8 +307,8 @@ class StepHooks:
                 finally:
                     tracker.end(FORWARD)
 
-            model._compiled_call_impl = timed_call
-            self._undo.append(lambda: setattr(model, "_compiled_call_impl", compiled_call))
+            torch_compat.set_compiled_call_impl(model, timed_call)
+            self._undo.append(lambda: torch_compat.set_compiled_call_impl(model, compiled_call))
             return
 
         def pre_hook(module: Any, args: Any) -> None:
