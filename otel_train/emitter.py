@@ -118,6 +118,9 @@ class _Backpressure:
             time.sleep(0.002)
 
 
+Remover = Callable[[], None]
+
+
 class Emitter:
     def __init__(
         self,
@@ -143,9 +146,11 @@ class Emitter:
         self.sampler = cfg.sampler()
         self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
         self._handlers: dict[str, Callable[[Any], None]] = {}
-        self._step_listeners: list[Callable[[StepInfo], None]] = []
-        self._pre_step_listeners: list[Callable[[StepInfo], None]] = []
-        self._tick_listeners: list[Callable[[], None]] = []
+        # tuples, replaced whole by a registration or its remover: the emitter thread
+        # iterates the one it found, whatever another thread adds or removes meanwhile
+        self._step_listeners: tuple[Callable[[StepInfo], None], ...] = ()
+        self._pre_step_listeners: tuple[Callable[[StepInfo], None], ...] = ()
+        self._tick_listeners: tuple[Callable[[], None], ...] = ()
         self._step_gates: list[Callable[[int, int], bool]] = []
         self._held_steps: collections.deque[tuple[Any, ...]] = collections.deque()
         self._max_held_steps = 0
@@ -192,25 +197,69 @@ class Emitter:
                         "went on, by component (each component's first one is logged).")
         self._reported_internal: dict[str, int] = dict(internal_errors.snapshot())
 
-    # --- extension points for sources/ -----------------------------------------------
-    def on_event(self, source: str, handler: Callable[[Any], None]) -> None:
+    # --- extension points for sources/ (sources.SourceHost: their only door) ----------
+    def on_event(self, source: str, handler: Callable[[Any], None]) -> Remover:
         """Handle ``(EVENT, source, payload)`` records put by a source module."""
         self._handlers[source] = handler
 
-    def on_step(self, listener: Callable[[StepInfo], None]) -> None:
+        def remove() -> None:
+            if self._handlers.get(source) is handler:
+                del self._handlers[source]
+
+        return remove
+
+    def on_step(self, listener: Callable[[StepInfo], None]) -> Remover:
         """Called with each finished step, after its spans are built and its metrics recorded:
         child spans go under ``info.phase_spans`` / ``info.rank_step_context`` from here."""
-        self._step_listeners.append(listener)
+        return self._add("_step_listeners", listener)
 
-    def before_step(self, listener: Callable[[StepInfo], None]) -> None:
+    def before_step(self, listener: Callable[[StepInfo], None]) -> Remover:
         """Called with each finished step before its spans and metrics: may add to
-        ``info.phase_totals`` (e.g. exposed_comm, compile) and ``info.extra_attributes``."""
-        self._pre_step_listeners.append(listener)
+        ``info.phase_totals`` (e.g. exposed_comm, compile), ``info.extra_attributes`` and
+        ``info.events``."""
+        return self._add("_pre_step_listeners", listener)
 
-    def on_tick(self, listener: Callable[[], None]) -> None:
+    def on_tick(self, listener: Callable[[], None]) -> Remover:
         """Called on the emitter thread after every drain (each ``emit_interval_s``), records
         or not: for sources that watch something over time (a collective that never ends)."""
-        self._tick_listeners.append(listener)
+        return self._add("_tick_listeners", listener)
+
+    def _add(self, attr: str, listener: Any) -> Remover:
+        setattr(self, attr, (*getattr(self, attr), listener))
+
+        def remove() -> None:
+            setattr(self, attr, tuple(x for x in getattr(self, attr) if x is not listener))
+
+        return remove
+
+    def step_context(self, step: int) -> SpanContext:
+        """The ``train.rank_step`` span context of this rank's ``step`` (its ids are derived,
+        so known before the step is emitted): the parent of what a source adds to a step."""
+        trace_id = identity.step_trace_id(self.ident.run_id, step)
+        flags = _SAMPLED if self.sampled(trace_id) else TraceFlags(0)
+        return SpanContext(trace_id, identity.rank_step_span_id(
+            self.ident.run_id, step, self.ident.rank), False, flags)
+
+    def emit_log(self, level: str, message: str, fields: dict[str, Any], trace_id: int = 0,
+                 span_id: int = 0) -> None:
+        """A log line from the emitter thread: to the console and straight to OTel logs (a
+        bridged structlog line would go through the recorder, which the emitter's last pass
+        no longer reads), in the context of (``trace_id``, ``span_id``) if given."""
+        if self.console is not None:
+            getattr(self.console, level)(message, **fields)
+        ids = (semconv.LOG_TRACE_ID, semconv.LOG_SPAN_ID)  # the record's context holds them
+        self._otel_log(time.time_ns(), level, message,
+                       {k: v for k, v in fields.items() if k not in ids}, trace_id, span_id)
+
+    def count_drop(self, signal: str, n: int = 1) -> None:
+        """Telemetry a source lost (flight-recorder entries overwritten, say): counted into
+        ``otel_train.telemetry.dropped{signal}`` and the total the user sees at exit."""
+        self.pipeline.dropped[signal] += n
+
+    def add_cpu_throttled(self, seconds: float) -> None:
+        """CPU-throttled seconds for the per-rank Prometheus endpoint, where it is on."""
+        if self.prometheus is not None:
+            self.prometheus.add_cpu_throttled(seconds)
 
     def hold_steps(self, ready: Callable[..., bool], max_held: int = 64,
                    with_end: bool = False) -> None:
@@ -221,7 +270,9 @@ class Emitter:
         self._step_gates.append(ready if with_end else (lambda step, end: ready(step)))
         self._max_held_steps = max(self._max_held_steps, max_held)
 
-    def _release_steps(self, final: bool = False) -> None:
+    def release_steps(self, final: bool = False) -> None:
+        """Emit the held steps that are ready now (``final``: all of them, waiting at most a
+        second for their gates): a source whose read just made steps ready calls it."""
         held = self._held_steps
         deadline = time.monotonic() + (1.0 if final else 0.0)
         while held:
@@ -292,7 +343,7 @@ class Emitter:
                                              record_kind=record[0])
         if self._held_steps:
             try:
-                self._release_steps(final)
+                self.release_steps(final)
             except Exception as err:
                 self._held_steps.clear()
                 self.errors += 1
@@ -321,7 +372,7 @@ class Emitter:
             self._step_ends.append((record[3], record[1]))
             if self._step_gates:
                 self._held_steps.append(record)
-                self._release_steps()
+                self.release_steps()
             else:
                 self._emit_step(*record[1:])
         elif kind == LOG:

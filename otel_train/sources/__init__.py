@@ -19,12 +19,56 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import warnings
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
+
+from opentelemetry.trace import SpanContext
 
 from otel_train.config import Config, ConfigWarning
 from otel_train.identity import Identity
 from otel_train.recorder import Recorder
 from otel_train.sources.steps import StepTracker
+
+#: undoes a registration (like torch's hook handles' ``remove``)
+Remover = Callable[[], None]
+
+
+class SourceHost(Protocol):
+    """What a source may ask of the emitter (``otel_train.emitter.Emitter`` is the one
+    implementation): its only door into it. Registrations return a :data:`Remover`."""
+
+    ident: Identity
+    offset: int  #: perf_counter ns + offset = epoch ns
+    run_context: SpanContext  #: this rank's ``train.run`` span
+    steps_emitted: int  #: steps handed to export so far
+
+    # --- registration ---
+    def on_event(self, source: str, handler: Callable[[Any], None]) -> Remover: ...
+    def before_step(self, listener: Callable[[Any], None]) -> Remover: ...
+    def on_step(self, listener: Callable[[Any], None]) -> Remover: ...
+    def on_tick(self, listener: Callable[[], None]) -> Remover: ...
+    def hold_steps(self, ready: Callable[..., bool], max_held: int = 64,
+                   with_end: bool = False) -> None: ...
+    def release_steps(self, final: bool = False) -> None: ...
+    def wake_within(self, seconds: float) -> None: ...
+
+    # --- a step's identity and time ---
+    def sampled(self, trace_id: int) -> bool: ...
+    def wall(self, perf_ns: int) -> int: ...
+    def step_at(self, perf_ns: int) -> int: ...
+    def step_context(self, step: int) -> SpanContext: ...
+    def exemplar_context(self, info: Any) -> Any: ...
+
+    # --- what a source makes ---
+    def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
+             attributes: dict[str, Any], span_id: int = 0, trace_id: int = 0,
+             links: Sequence[Any] | None = None, error: str | None = None,
+             events: list[tuple[str, int, dict[str, Any]]] | None = None) -> SpanContext: ...
+    def collectives(self, spec: Any, rows: list[Any], duration: Any, size: Any) -> None: ...
+    def emit_log(self, level: str, message: str, fields: dict[str, Any], trace_id: int = 0,
+                 span_id: int = 0) -> None: ...
+    def count_drop(self, signal: str, n: int = 1) -> None: ...
+    def add_cpu_throttled(self, seconds: float) -> None: ...
 
 
 @dataclasses.dataclass
@@ -33,7 +77,7 @@ class RunContext:
     identity: Identity
     recorder: Recorder
     tracker: StepTracker
-    emitter: Any  # otel_train.emitter.Emitter (not imported here: it imports sources)
+    emitter: SourceHost
     meter: Any
     log: Any
     model: Any = None

@@ -95,8 +95,7 @@ class CgroupSource:
             semconv.METRIC_CPU_THROTTLED_TIME, unit="s",
             description="Time this rank's cgroup was CPU-throttled (CFS quota), from cpu.stat.")
         self.counter.add(0.0, self.attrs)  # measured, and zero so far: a fact, not a gap
-        if ctx.emitter.prometheus is not None:
-            ctx.emitter.prometheus.add_cpu_throttled(0.0)
+        ctx.emitter.add_cpu_throttled(0.0)
         self.last = throttled_seconds(self.path)
         self.samples: dict[int, bytes] = {}
         self.tracker = ctx.tracker
@@ -108,8 +107,8 @@ class CgroupSource:
         if self.fd is not None:
             self._put = ctx.recorder.put
             ctx.emitter.on_event(RECORD, self._on_record)
-            self.tracker.phase_hooks = (*self.tracker.phase_hooks, self._phase_hook)
-            self.tracker.step_hooks = (*self.tracker.step_hooks, self._step_hook)
+            self._unhooks = [self.tracker.add_phase_hook(self._phase_hook),
+                             self.tracker.add_step_hook(self._step_hook)]
         ctx.emitter.before_step(self._on_step)
 
     # --- training thread -------------------------------------------------------------
@@ -149,14 +148,11 @@ class CgroupSource:
         info.extra_attributes[semconv.ATTR_CPU_THROTTLED] = min(delta, duration_s)
         if delta:
             self.counter.add(delta, self.attrs)
-            if self.emitter.prometheus is not None:
-                self.emitter.prometheus.add_cpu_throttled(delta)
+            self.emitter.add_cpu_throttled(delta)
 
     def stop(self) -> None:
-        tracker = getattr(self, "tracker", None)
-        if tracker is not None:
-            tracker.phase_hooks = tuple(h for h in tracker.phase_hooks if h != self._phase_hook)
-            tracker.step_hooks = tuple(h for h in tracker.step_hooks if h != self._step_hook)
+        for unhook in getattr(self, "_unhooks", ()):
+            unhook()
         fd, self.fd = getattr(self, "fd", None), None
         if fd is not None:
             try:

@@ -339,7 +339,7 @@ class Ledger:
             self.tick()
             if self.plugin is not None:
                 self._plugin_flush()
-            self.emitter._release_steps(final=True)  # steps held for this read go first
+            self.emitter.release_steps(final=True)  # steps held for this read go first
             self._flush(payload[1])
 
     def _finish(self, coll: Collective) -> None:
@@ -421,7 +421,7 @@ class Ledger:
             lost += len(gone)
         if lost:
             self.lost += lost
-            self.emitter.pipeline.dropped[semconv.SIGNAL_NCCL_ENTRIES] += lost
+            self.emitter.count_drop(semconv.SIGNAL_NCCL_ENTRIES, lost)
             if self.lost == lost:  # the first time
                 self.log.warning(
                     "otel_train.nccl_flight_recorder_overflow", lost=lost, buffer=self._buffer,
@@ -538,7 +538,7 @@ class Ledger:
 
     def _count_lost(self, lost: int) -> None:
         self.lost += lost
-        self.emitter.pipeline.dropped[semconv.SIGNAL_NCCL_ENTRIES] += lost
+        self.emitter.count_drop(semconv.SIGNAL_NCCL_ENTRIES, lost)
         if self.lost == lost:  # the first time
             self.log.warning(
                 "otel_train.nccl_records_overwritten", lost=lost,

@@ -29,7 +29,7 @@ import warnings
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.config import ConfigWarning
@@ -367,11 +367,7 @@ class CompileSource:
         for known, _, _, ctx in reversed(self._steps):
             if known == step:
                 return ctx
-        run_id, rank = self.ctx.identity.run_id, self.ctx.identity.rank
-        trace_id = identity.step_trace_id(run_id, step)
-        flags = TraceFlags(TraceFlags.SAMPLED if self.ctx.emitter.sampled(trace_id) else 0)
-        return SpanContext(trace_id, identity.rank_step_span_id(run_id, step, rank), False,
-                           flags)
+        return self.ctx.emitter.step_context(step)
 
     def _run_parent(self) -> SpanContext:
         return self.ctx.emitter.run_context
@@ -511,20 +507,11 @@ class CompileSource:
         """A log line from the emitter thread: straight to OTel logs (a bridged structlog
         line would go through the recorder, which the emitter's last pass no longer reads)
         and to the console."""
-        emitter = self.ctx.emitter
         fields = {k: v for k, v in fields.items() if v is not None}
-        console = getattr(emitter, "console", None)
-        otel_log = getattr(emitter, "_otel_log", None)
-        if otel_log is None:
-            getattr(self.ctx.log, level)(event, **ids, **fields)
-            return
-        if console is not None:
-            getattr(console, level)(event, **ids, **fields)
         trace_hex, span_hex = ids.get(semconv.LOG_TRACE_ID), ids.get(semconv.LOG_SPAN_ID)
-        rest = {k: v for k, v in ids.items()
-                if k not in (semconv.LOG_TRACE_ID, semconv.LOG_SPAN_ID)}
-        otel_log(time.time_ns(), level, event, {**rest, **fields},
-                 int(trace_hex, 16) if trace_hex else 0, int(span_hex, 16) if span_hex else 0)
+        self.ctx.emitter.emit_log(level, event, {**ids, **fields},
+                                  int(trace_hex, 16) if trace_hex else 0,
+                                  int(span_hex, 16) if span_hex else 0)
 
     # --- emitter thread: cross-rank consistency ----------------------------------------
     def _consistency(self, final: bool = False) -> None:

@@ -149,12 +149,11 @@ class CudaTimingSource:
         ctx.emitter.on_event(RECORD, self._on_record)
         ctx.emitter.hold_steps(self._ready, MAX_HELD)
         ctx.emitter.before_step(self._before_step)
-        ctx.tracker.phase_hooks = (*ctx.tracker.phase_hooks, self._phase_hook)
+        self._unhook = ctx.tracker.add_phase_hook(self._phase_hook)
 
     def stop(self) -> None:
-        tracker = self.tracker
-        if tracker is not None:
-            tracker.phase_hooks = tuple(h for h in tracker.phase_hooks if h != self._phase_hook)
+        if self.tracker is not None:
+            self._unhook()
 
     # --- hot path (training thread) --------------------------------------------------
     def _phase_hook(self, begin: bool, now: int) -> None:

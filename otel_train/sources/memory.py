@@ -87,7 +87,7 @@ class MemorySource:
         ctx.emitter.on_event(RECORD, self._on_record)
         ctx.emitter.on_event(OOM_RECORD, self._on_oom_record)
         ctx.emitter.before_step(self._before_step)
-        ctx.tracker.step_hooks = (*ctx.tracker.step_hooks, self._step_hook)
+        self._unhook = ctx.tracker.add_step_hook(self._step_hook)
         if not _oom_attached:
             torch_compat.attach_oom_observer(_on_oom)
             _oom_attached = True
@@ -97,8 +97,7 @@ class MemorySource:
         global _oom_target
         if self.tracker is None:
             return
-        self.tracker.step_hooks = tuple(h for h in self.tracker.step_hooks
-                                        if h != self._step_hook)
+        self._unhook()
         if _oom_target is self:
             _oom_target = None
 

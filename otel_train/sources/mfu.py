@@ -96,8 +96,8 @@ class MfuSource:
                 and not has_compiled_parts(ctx.model)):
             self.tracker = ctx.tracker
             self._put = ctx.recorder.put
-            ctx.tracker.phase_hooks = (*ctx.tracker.phase_hooks, self._phase_hook)
-            ctx.tracker.step_hooks = (*ctx.tracker.step_hooks, self._step_hook)
+            self._unhooks = [ctx.tracker.add_phase_hook(self._phase_hook),
+                             ctx.tracker.add_step_hook(self._step_hook)]
 
     def stop(self) -> None:
         if self._counter is not None:
@@ -107,8 +107,8 @@ class MfuSource:
     def _unhook(self) -> None:
         tracker = self.tracker
         if tracker is not None:
-            tracker.phase_hooks = tuple(h for h in tracker.phase_hooks if h != self._phase_hook)
-            tracker.step_hooks = tuple(h for h in tracker.step_hooks if h != self._step_hook)
+            for unhook in self._unhooks:
+                unhook()
             self.tracker = None
 
     # --- training thread: count one step's FLOPs -------------------------------------

@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from opentelemetry.trace import SpanContext, TraceFlags
 
-from otel_train import identity, semconv
+from otel_train import semconv
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu_device import training_device
@@ -71,13 +70,12 @@ class ProfilerSource:
             description="Share of a profiled window the GPU ran no kernel or copy.")
         ctx.emitter.on_event(RECORD, self._on_window)
         ctx.emitter.on_tick(self._poll)
-        ctx.tracker.step_hooks = (*ctx.tracker.step_hooks, self._step_hook)
+        self._unhook = ctx.tracker.add_step_hook(self._step_hook)
 
     def stop(self) -> None:
         if self.tracker is None:
             return
-        self.tracker.step_hooks = tuple(h for h in self.tracker.step_hooks
-                                        if h != self._step_hook)
+        self._unhook()
         if self._prof is not None:
             self._stop_window(self.tracker.step)
         # give the window in flight a bounded chance to be analysed before the last pump
@@ -169,10 +167,8 @@ class ProfilerSource:
         self.last_result = result
         ident, emitter = self.ident, self.emitter
         first = job["first"]
-        trace_id = identity.step_trace_id(ident.run_id, first)
-        sampled = emitter.sampled(trace_id)
-        parent = SpanContext(trace_id, identity.rank_step_span_id(ident.run_id, first, ident.rank),
-                             False, TraceFlags(TraceFlags.SAMPLED if sampled else 0))
+        parent = emitter.step_context(first)
+        sampled = parent.trace_flags.sampled
         attrs: dict[str, Any] = {
             semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_RANK: ident.rank,
             semconv.ATTR_STEP: first, semconv.ATTR_PROFILE_FIRST_STEP: first,

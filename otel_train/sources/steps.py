@@ -96,6 +96,26 @@ class StepTracker:
     def active(self) -> bool:
         return self.enabled and _get_ident() == self.thread_id
 
+    def add_phase_hook(self, hook: Callable[[bool, int], None]) -> Callable[[], None]:
+        """Run ``hook(begin, now_ns)`` on the training thread after each phase begins and
+        before it ends; returns what removes it."""
+        self.phase_hooks = (*self.phase_hooks, hook)
+
+        def remove() -> None:
+            self.phase_hooks = tuple(h for h in self.phase_hooks if h is not hook)
+
+        return remove
+
+    def add_step_hook(self, hook: Callable[[int], None]) -> Callable[[], None]:
+        """Run ``hook(step)`` on the training thread when a step ends, before its record is
+        put; returns what removes it."""
+        self.step_hooks = (*self.step_hooks, hook)
+
+        def remove() -> None:
+            self.step_hooks = tuple(h for h in self.step_hooks if h is not hook)
+
+        return remove
+
     # --- phases ----------------------------------------------------------------------
     def begin(self, phase: str) -> None:
         try:
