@@ -33,7 +33,6 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otel_train import config as config_mod  # noqa: E402
 from otel_train import semconv  # noqa: E402
-from otel_train.export.buckets import SECONDS_BUCKETS  # noqa: E402
 from otel_train.export.providers import Pipeline  # noqa: E402
 from otel_train.export.remote import RemotePipeline  # noqa: E402
 from otel_train.identity import Identity  # noqa: E402
@@ -57,10 +56,8 @@ def run(pipeline: Any, records: int, batch: int) -> dict[str, Any]:
     """Send ``records`` spans (+2 points each); CPU of this thread and wall until flushed."""
     from opentelemetry.trace import SpanContext, TraceFlags
 
-    hist = pipeline.meter.create_histogram(semconv.METRIC_COLLECTIVE_DURATION, unit="s",
-                                           explicit_bucket_boundaries_advisory=list(
-                                               SECONDS_BUCKETS))
-    size = pipeline.meter.create_counter(semconv.METRIC_COLLECTIVE_SIZE, unit="By")
+    hist = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_DURATION)
+    size = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_SIZE)
     parent = SpanContext(0x1234, 0x5678, False, TraceFlags(1))
     point_attrs = {semconv.ATTR_RANK: 0, semconv.ATTR_COLLECTIVE_OP: "all_gather"}
     t0, c0 = time.perf_counter(), time.thread_time()

@@ -28,7 +28,6 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 from otel_train import identity, internal_errors, redact, semconv
 from otel_train.config import Config
 from otel_train.export import step_rows
-from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.providers import Pipeline
 from otel_train.export.remote import ctx_tuple
@@ -174,27 +173,15 @@ class Emitter:
     # --- instruments -----------------------------------------------------------------
     def _make_instruments(self) -> None:
         meter = self.pipeline.meter
-        self.step_hist = meter.create_histogram(
-            semconv.METRIC_STEP_DURATION, unit="s", description="Step time per rank.",
-            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
-        self.phase_hist = meter.create_histogram(
-            semconv.METRIC_PHASE_DURATION, unit="s",
-            description="Time per phase of a step, per rank.",
-            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
-        self.samples_ctr = meter.create_counter(semconv.METRIC_SAMPLES, unit="{sample}",
-                                                description="Samples trained.")
-        self.tokens_ctr = meter.create_counter(semconv.METRIC_TOKENS, unit="{token}",
-                                               description="Tokens trained.")
-        self.dropped_ctr = meter.create_counter(
-            semconv.METRIC_TELEMETRY_DROPPED, unit="{item}",
-            description="Telemetry otel-train had to drop, by signal.")
+        self.step_hist = semconv.create(meter, semconv.METRIC_STEP_DURATION)
+        self.phase_hist = semconv.create(meter, semconv.METRIC_PHASE_DURATION)
+        self.samples_ctr = semconv.create(meter, semconv.METRIC_SAMPLES)
+        self.tokens_ctr = semconv.create(meter, semconv.METRIC_TOKENS)
+        self.dropped_ctr = semconv.create(meter, semconv.METRIC_TELEMETRY_DROPPED)
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero point for each signal, so "nothing dropped" is a fact, not a gap
             self.dropped_ctr.add(0, {**self._base_attrs, semconv.ATTR_SIGNAL: signal})
-        self.internal_errors_ctr = meter.create_counter(
-            semconv.METRIC_INTERNAL_ERRORS, unit="{error}",
-            description="Exceptions otel-train caught on its hook paths so that training "
-                        "went on, by component (each component's first one is logged).")
+        self.internal_errors_ctr = semconv.create(meter, semconv.METRIC_INTERNAL_ERRORS)
         self._reported_internal: dict[str, int] = dict(internal_errors.snapshot())
 
     # --- extension points for sources/ (sources.SourceHost: their only door) ----------

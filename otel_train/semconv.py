@@ -2,11 +2,21 @@
 
 These names are the telemetry contract of ``DESIGN.md``: dashboards, alert rules, the
 checklist verifier and outside acceptance checks read them. Change none without a migration.
-Prometheus sees metric names translated (dots to underscores, unit and ``_total`` suffixes):
+Every metric otel-train creates is defined once, in ``METRICS`` at the end (name, kind,
+unit, description, bucket advice); sources create instruments with :func:`create`, and the
+Prometheus endpoint, the live checks and the dashboards read :func:`prom`'s names, which
+:func:`prometheus_name` derives as the collector's Prometheus exporter does:
 ``training.step.duration`` in seconds becomes ``training_step_duration_seconds``.
+
+This module imports nothing of otel_train (dashboards/otel_dashboards/names.py loads it by
+file path so that generating dashboards never imports torch).
 """
 
 from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
 
 # --- spans -------------------------------------------------------------------------------
 SPAN_RUN = "train.run"
@@ -55,6 +65,8 @@ ATTR_MICRO_BATCHES = "training.micro_batches"
 ATTR_SAMPLES = "training.samples"
 ATTR_TOKENS = "training.tokens"
 ATTR_STATUS = "training.status"
+#: on train.run: the steps this rank ran
+ATTR_STEPS = "training.steps"
 #: on train.rank_step: the per-phase totals of that rank's step, in seconds
 ATTR_PHASE_TOTAL_PREFIX = "training.phase_total."
 ATTR_STEP_DURATION = "training.step.duration_s"
@@ -143,17 +155,6 @@ SIGNAL_METRICS = "metrics"
 SIGNAL_LOGS = "logs"
 #: NCCL flight-recorder entries overwritten in its ring buffer before otel-train read them
 SIGNAL_NCCL_ENTRIES = "nccl_entries"
-
-#: Prometheus names of the contract's metrics as prometheus-client and the collector's
-#: Prometheus exporter write them (histograms add _bucket/_sum/_count, counters _total).
-PROM_STEP_DURATION = "training_step_duration_seconds"
-PROM_PHASE_DURATION = "training_phase_duration_seconds"
-PROM_SAMPLES = "training_samples_total"
-PROM_TOKENS = "training_tokens_total"
-PROM_TELEMETRY_DROPPED = "otel_train_telemetry_dropped_total"
-PROM_RANK_LABEL = "training_rank"
-PROM_PHASE_LABEL = "training_phase"
-PROM_RUN_LABEL = "training_run_id"
 
 # --- log fields --------------------------------------------------------------------------
 LOG_TRACE_ID = "trace_id"
@@ -286,3 +287,177 @@ ATTR_TOP_KERNELS = "profile.top_kernels"
 ATTR_OVERLAP_METHOD = "training.overlap.method"
 METRIC_COMM_EXPOSED = "training.comm.exposed"
 METRIC_GPU_IDLE = "training.gpu.idle"
+
+# --- metric definitions ------------------------------------------------------------------
+#: seconds, from a fast micro-step phase (5 ms) to a stalled collective (60 s: the
+#: TrainingCollectiveStalled alert reads the le="60" bucket); above 60 s only +Inf. Why ten
+#: boundaries (the per-rank series budget): otel_train/export/buckets.py
+SECONDS_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+
+HISTOGRAM, COUNTER, GAUGE = "histogram", "counter", "gauge"
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One instrument: what the sources create and what Prometheus is told it is."""
+
+    name: str
+    kind: str  # HISTOGRAM, COUNTER (monotonic) or GAUGE
+    unit: str
+    description: str
+    buckets: tuple[float, ...] | None = None  # explicit bucket advice, histograms only
+
+    @property
+    def prometheus(self) -> str:
+        return prometheus_name(self.name, self.unit, self.kind)
+
+
+_DEFINITIONS = (
+    Metric(METRIC_STEP_DURATION, HISTOGRAM, "s", "Step time per rank.", SECONDS_BUCKETS),
+    Metric(METRIC_PHASE_DURATION, HISTOGRAM, "s", "Time per phase of a step, per rank.",
+           SECONDS_BUCKETS),
+    Metric(METRIC_SAMPLES, COUNTER, "{sample}", "Samples trained."),
+    Metric(METRIC_TOKENS, COUNTER, "{token}", "Tokens trained."),
+    Metric(METRIC_TELEMETRY_DROPPED, COUNTER, "{item}",
+           "Telemetry otel-train had to drop, by signal."),
+    Metric(METRIC_INTERNAL_ERRORS, COUNTER, "{error}",
+           "Exceptions otel-train caught on its hook paths so that training went on, by "
+           "component (each component's first one is logged)."),
+    # sources/collectives.py
+    Metric(METRIC_COLLECTIVE_DURATION, HISTOGRAM, "s",
+           "Time of each collective, issue to completion (GPU time on NCCL with the flight "
+           "recorder's timing).", SECONDS_BUCKETS),
+    Metric(METRIC_COLLECTIVE_SIZE, COUNTER, "By", "Bytes of collectives (nccl-tests size)."),
+    # Owned by sources/collectives.py (every step with communication); sources/profiler.py
+    # sets the same instrument from a profiled window, its points marked by
+    # training.overlap.method="profiler". One definition, so one description: the SDK hands
+    # both sources the same instrument instead of warning of a conflicting one.
+    Metric(METRIC_COMM_OVERLAP, GAUGE, "1",
+           "Fraction of the step's communication time hidden under computation "
+           "(training.overlap.method=profiler: from a profiled window's kernels)."),
+    # sources/cuda_timing.py
+    Metric(METRIC_PHASE_GPU_DURATION, HISTOGRAM, "s",
+           "GPU time per phase of a step, per rank (CUDA events).", SECONDS_BUCKETS),
+    # sources/cgroup.py
+    Metric(METRIC_CPU_THROTTLED_TIME, COUNTER, "s",
+           "Time this rank's cgroup was CPU-throttled (CFS quota), from cpu.stat."),
+    # sources/mfu.py
+    Metric(METRIC_THROUGHPUT_SAMPLES, GAUGE, "{sample}/s",
+           "Samples per second over the last step."),
+    Metric(METRIC_THROUGHPUT_TOKENS, GAUGE, "{token}/s", "Tokens per second over the last step."),
+    Metric(METRIC_FLOPS_ACHIEVED, GAUGE, "{flop}/s",
+           "Model FLOPs per second achieved over the last step."),
+    Metric(METRIC_MFU, GAUGE, "1", "Model FLOPs utilisation: achieved over the device's peak."),
+    # sources/profiler.py
+    Metric(METRIC_COMM_EXPOSED, GAUGE, "s",
+           "Communication kernel time per step not hidden under computation."),
+    Metric(METRIC_GPU_IDLE, GAUGE, "1",
+           "Share of a profiled window the GPU ran no kernel or copy."),
+    # sources/memory.py
+    Metric(METRIC_MEMORY_ALLOCATED_PEAK, GAUGE, "By",
+           "Peak allocated bytes (CUDA caching allocator), since start or per step."),
+    Metric(METRIC_MEMORY_RESERVED, GAUGE, "By", "Bytes reserved by the caching allocator."),
+    Metric(METRIC_MEMORY_ALLOCATED, GAUGE, "By", "Bytes allocated at the step's end."),
+    Metric(METRIC_MEMORY_RESERVED_PEAK, GAUGE, "By", "Peak reserved bytes."),
+    Metric(METRIC_MEMORY_FRAGMENTATION, GAUGE, "By",
+           "Reserved minus allocated bytes at the step's end: held by the allocator but "
+           "unused."),
+    Metric(METRIC_MEMORY_ALLOC_RETRIES, COUNTER, "{retry}",
+           "cudaMalloc retries after freeing cached blocks (memory pressure)."),
+    Metric(METRIC_MEMORY_OOMS, COUNTER, "{error}", "CUDA out-of-memory errors."),
+    # sources/compile.py
+    Metric(METRIC_COMPILE_DURATION, HISTOGRAM, "s", "Time per torch.compile compilation.",
+           SECONDS_BUCKETS),
+    Metric(METRIC_COMPILE_GRAPH_BREAKS, COUNTER, "{break}",
+           "Graph breaks dynamo took, by bounded reason."),
+    Metric(METRIC_COMPILE_RECOMPILES, COUNTER, "{recompile}",
+           "Recompilations of an already compiled frame, by guard failure kind."),
+    Metric(METRIC_COMPILE_GRAPHS, COUNTER, "{graph}",
+           "Graphs dynamo handed to the compiler backend."),
+    Metric(METRIC_COMPILE_RECOMPILE_LIMIT_HITS, COUNTER, "{frame}",
+           "Frames that hit the recompile limit and fell back to eager."),
+    Metric(METRIC_COMPILE_INCONSISTENT, GAUGE, "1",
+           "1 while this rank compiled other graphs than the reference rank."),
+)
+#: every metric otel-train creates, by OpenTelemetry name
+METRICS: dict[str, Metric] = {m.name: m for m in _DEFINITIONS}
+
+
+def create(meter: Any, name: str) -> Any:
+    """The instrument ``METRICS[name]`` on ``meter`` (an OTel Meter or the exporter's proxy)."""
+    metric = METRICS[name]
+    make = getattr(meter, f"create_{metric.kind}")
+    if metric.buckets is None:
+        return make(metric.name, unit=metric.unit, description=metric.description)
+    return make(metric.name, unit=metric.unit, description=metric.description,
+                explicit_bucket_boundaries_advisory=list(metric.buckets))
+
+
+# --- Prometheus names ----------------------------------------------------------------------
+# OpenTelemetry's translation as the pinned collector's Prometheus exporter applies it
+# (collector-contrib v0.161.0, prometheus/otlptranslator v1.0.0 normalizeName, strategy
+# UnderscoreEscapingWithSuffixes, as collector/configs/*.yaml set it); prometheus-client,
+# given these names, serves the same (it adds _total to a counter's name without one).
+_UNIT_WORDS = {
+    "d": "days", "h": "hours", "min": "minutes", "s": "seconds", "ms": "milliseconds",
+    "us": "microseconds", "ns": "nanoseconds", "By": "bytes", "KiBy": "kibibytes",
+    "MiBy": "mebibytes", "GiBy": "gibibytes", "TiBy": "tibibytes", "KBy": "kilobytes",
+    "MBy": "megabytes", "GBy": "gigabytes", "TBy": "terabytes", "m": "meters", "V": "volts",
+    "A": "amperes", "J": "joules", "W": "watts", "g": "grams", "Cel": "celsius", "Hz": "hertz",
+    "1": "", "%": "percent",
+}
+_PER_UNIT_WORDS = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week",
+                   "mo": "month", "y": "year"}
+_INVALID = re.compile(r"[^a-zA-Z0-9:]")
+
+
+def _unit_word(unit: str, words: dict[str, str]) -> str:
+    unit = unit.strip()
+    if not unit or "{" in unit or "}" in unit:  # annotations ({sample}) name no unit
+        return ""
+    word = re.sub("_+", "_", _INVALID.sub("_", words.get(unit, unit)))
+    return word.removeprefix("_")
+
+
+def prometheus_name(name: str, unit: str, kind: str) -> str:
+    """``name`` as Prometheus sees it: split at every character other than [a-zA-Z0-9:]
+    (dots and underscores alike), the unit's word (``seconds``, ``bytes``, ``per_second``)
+    unless a token already is it, ``_total`` for counters, ``_ratio`` for gauges of unit 1.
+    """
+    tokens = [t for t in _INVALID.split(name) if t]
+    main, _, per = unit.partition("/")
+    main_word = _unit_word(main, _UNIT_WORDS)
+    per_word = _unit_word(per, _PER_UNIT_WORDS)
+    per_word = f"per_{per_word}" if per_word and per_word not in tokens else ""
+    if main_word and main_word not in tokens:
+        tokens.append(main_word.removesuffix("_") if per_word else main_word)
+    if per_word:
+        tokens.append(per_word)
+    if kind == COUNTER:
+        tokens = [t for t in tokens if t != "total"] + ["total"]
+    if kind == GAUGE and unit == "1":
+        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    joined = "_".join(tokens)
+    return f"_{joined}" if joined[:1].isdigit() else joined
+
+
+def prometheus_label(attribute: str) -> str:
+    """An attribute's Prometheus label name (otlptranslator LabelNamer: invalid characters
+    to underscores; none of otel-train's attributes starts with a digit)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", attribute)
+
+
+def prom(name: str) -> str:
+    """The Prometheus name of ``METRICS[name]`` (histograms add _bucket/_sum/_count)."""
+    return METRICS[name].prometheus
+
+
+PROM_STEP_DURATION = prom(METRIC_STEP_DURATION)  # training_step_duration_seconds
+PROM_PHASE_DURATION = prom(METRIC_PHASE_DURATION)
+PROM_SAMPLES = prom(METRIC_SAMPLES)  # training_samples_total
+PROM_TOKENS = prom(METRIC_TOKENS)
+PROM_TELEMETRY_DROPPED = prom(METRIC_TELEMETRY_DROPPED)
+PROM_CPU_THROTTLED = prom(METRIC_CPU_THROTTLED_TIME)  # training_cpu_throttled_time_seconds_total
+PROM_RANK_LABEL = prometheus_label(ATTR_RANK)  # training_rank
+PROM_PHASE_LABEL = prometheus_label(ATTR_PHASE)
+PROM_RUN_LABEL = prometheus_label(ATTR_RUN_ID)

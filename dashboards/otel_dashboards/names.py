@@ -1,26 +1,28 @@
 """Prometheus names of the telemetry contract, as the dashboards query them.
 
-Where ``otel_train/semconv.py`` already spells a Prometheus name it is the source; the rest
-follow the same translation (OTel name, dots to underscores, then the unit, then ``_total``
-for counters), which is what both prometheus-client and the collector's Prometheus exporter
-write. Gauges of unit ``1`` get ``_ratio``: that is the collector's rule (prometheus/
-otlptranslator ``normalizeName``: unit "1" on a gauge appends ``ratio``; unit "1" alone maps
-to no unit word), so ``training.comm.overlap`` is ``training_comm_overlap_ratio``.
+Every metric name here is ``otel_train/semconv.py``'s: its table ``METRICS`` defines each
+metric once and ``semconv.prom`` derives the Prometheus name by the rule the collector's
+Prometheus exporter applies (OTel name, dots to underscores, then the unit, then ``_total``
+for counters; gauges of unit ``1`` get ``_ratio``, prometheus/otlptranslator
+``normalizeName``), so ``training.comm.overlap`` is ``training_comm_overlap_ratio``.
+Recording rules and cAdvisor's series are not otel-train's metrics: they are spelled here.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 _SEMCONV = Path(__file__).resolve().parents[2] / "otel_train" / "semconv.py"
 
 
 def _load_semconv():
-    # semconv.py is plain constants; load the file alone so that generating dashboards never
+    # semconv.py imports nothing of otel_train; load the file alone so that generating dashboards never
     # imports the otel_train package (and with it torch).
     spec = importlib.util.spec_from_file_location("_otel_train_semconv", _SEMCONV)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining
     spec.loader.exec_module(module)
     return module
 
@@ -30,26 +32,27 @@ semconv = _load_semconv()
 RUN = semconv.PROM_RUN_LABEL  # training_run_id
 RANK = semconv.PROM_RANK_LABEL  # training_rank
 PHASE = semconv.PROM_PHASE_LABEL  # training_phase
-OP = "collective_op"
-BACKEND = "collective_backend"
-REASON = "compile_reason"
-SIGNAL = semconv.ATTR_SIGNAL
+OP = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_OP)  # collective_op
+BACKEND = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_BACKEND)  # collective_backend
+REASON = semconv.prometheus_label(semconv.ATTR_COMPILE_REASON)  # compile_reason
+SIGNAL = semconv.prometheus_label(semconv.ATTR_SIGNAL)  # signal
 
-STEP = semconv.PROM_STEP_DURATION  # histogram
-PHASE_DURATION = semconv.PROM_PHASE_DURATION  # histogram
-SAMPLES = semconv.PROM_SAMPLES
-TOKENS = semconv.PROM_TOKENS
-COLLECTIVE = "training_collective_duration_seconds"  # histogram
-COLLECTIVE_BYTES = "training_collective_size_bytes_total"
-COMM_OVERLAP = "training_comm_overlap_ratio"
-MEMORY_PEAK = "training_memory_allocated_peak_bytes"
-MEMORY_RESERVED = "training_memory_reserved_bytes"
-COMPILE = "training_compile_duration_seconds"  # histogram
-GRAPH_BREAKS = "training_compile_graph_breaks_total"
-RECOMPILES = "training_compile_recompiles_total"
-CPU_THROTTLED = "training_cpu_throttled_time_seconds_total"
-MFU = "training_mfu_ratio"
-DROPPED = semconv.PROM_TELEMETRY_DROPPED
+_prom = semconv.prom
+STEP = _prom(semconv.METRIC_STEP_DURATION)  # training_step_duration_seconds, histogram
+PHASE_DURATION = _prom(semconv.METRIC_PHASE_DURATION)  # histogram
+SAMPLES = _prom(semconv.METRIC_SAMPLES)  # training_samples_total
+TOKENS = _prom(semconv.METRIC_TOKENS)
+COLLECTIVE = _prom(semconv.METRIC_COLLECTIVE_DURATION)  # histogram
+COLLECTIVE_BYTES = _prom(semconv.METRIC_COLLECTIVE_SIZE)  # training_collective_size_bytes_total
+COMM_OVERLAP = _prom(semconv.METRIC_COMM_OVERLAP)  # training_comm_overlap_ratio
+MEMORY_PEAK = _prom(semconv.METRIC_MEMORY_ALLOCATED_PEAK)  # training_memory_allocated_peak_bytes
+MEMORY_RESERVED = _prom(semconv.METRIC_MEMORY_RESERVED)
+COMPILE = _prom(semconv.METRIC_COMPILE_DURATION)  # histogram
+GRAPH_BREAKS = _prom(semconv.METRIC_COMPILE_GRAPH_BREAKS)
+RECOMPILES = _prom(semconv.METRIC_COMPILE_RECOMPILES)
+CPU_THROTTLED = _prom(semconv.METRIC_CPU_THROTTLED_TIME)  # ..._time_seconds_total
+MFU = _prom(semconv.METRIC_MFU)  # training_mfu_ratio
+DROPPED = _prom(semconv.METRIC_TELEMETRY_DROPPED)  # otel_train_telemetry_dropped_total
 
 # Recording rules of prometheus/rules.yml the dashboards read (series labelled run and rank).
 #: seconds a rank spends in collectives per step

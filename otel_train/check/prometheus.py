@@ -11,7 +11,7 @@ from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS, CheckResult
 
 SOURCE = "prometheus"
 #: training.cpu.throttled.time, a counter in seconds, as Prometheus names it
-PROM_CPU_THROTTLED = "training_cpu_throttled_time_seconds_total"
+PROM_CPU_THROTTLED = sc.PROM_CPU_THROTTLED
 CADVISOR_THROTTLED = "container_cpu_cfs_throttled_periods_total"
 TRACE_ITEMS = ("trace_coverage", "same_trace_across_ranks", "sampling_consistency",
                "launcher_context")

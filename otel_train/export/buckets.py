@@ -8,8 +8,11 @@ them, the per-rank prometheus-client endpoint, the OTLP JSON files), every attri
 len(SECONDS_BUCKETS) + 3 series (buckets, +Inf, _sum, _count): 10 boundaries keep a rank with
 10 histogram attribute sets (step, 6 phases, 2 collective ops, compile) at 10 x 13 + 15 = 145
 series, inside the 150 of docs/scaling.md (23 boundaries made it 273).
+
+The boundaries live in ``otel_train/semconv.py`` beside the metric table that carries them
+as each histogram's bucket advice; this module keeps their reasoning and their old name.
 """
 
-#: seconds, from a fast micro-step phase (5 ms) to a stalled collective (60 s: the
-#: TrainingCollectiveStalled alert reads the le="60" bucket); above 60 s only +Inf
-SECONDS_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
+from otel_train.semconv import SECONDS_BUCKETS
+
+__all__ = ["SECONDS_BUCKETS"]

@@ -27,9 +27,12 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
+from otel_train import semconv
 from otel_train.export import collective_rows, remote
 from otel_train.export.providers import Pipeline
 
+#: the method that records a measurement, by instrument kind
+_MEASURE = {semconv.HISTOGRAM: "record", semconv.COUNTER: "add", semconv.GAUGE: "set"}
 #: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
 BACKPRESSURE_S = 2.0
 #: the exporter's niceness above the training process's (os.nice): ~1/10 of a busy core
@@ -85,21 +88,11 @@ class Exporter:
         elif kind == remote.OP_INSTRUMENT:
             self._define(*op[1:])
 
-    def _define(self, iid: int, kind: str, name: str, unit: str, description: str,
-                buckets: list[float] | None) -> None:
+    def _define(self, iid: int, name: str) -> None:
         if iid in self.instruments:  # sent again after a restart raced a batch
             return
-        meter = self.pipeline.meter
-        if kind == "histogram":
-            made = meter.create_histogram(name, unit=unit, description=description,
-                                          explicit_bucket_boundaries_advisory=buckets)
-            self.instruments[iid] = made.record
-        elif kind == "counter":
-            made = meter.create_counter(name, unit=unit, description=description)
-            self.instruments[iid] = made.add
-        else:
-            self.instruments[iid] = meter.create_gauge(name, unit=unit,
-                                                       description=description).set
+        made = semconv.create(self.pipeline.meter, name)
+        self.instruments[iid] = getattr(made, _MEASURE[semconv.METRICS[name].kind])
 
     def apply_all(self, batch: list[tuple[Any, ...]]) -> float | None:
         """Apply a batch; the shutdown bound if the batch asks to shut down.

@@ -13,9 +13,20 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from otel_train import semconv
-from otel_train.export.buckets import SECONDS_BUCKETS
 
 _LABELS = (semconv.PROM_RANK_LABEL, semconv.PROM_RUN_LABEL)
+
+
+def _histogram(name: str, labels: tuple[str, ...], registry: CollectorRegistry) -> Histogram:
+    metric = semconv.METRICS[name]
+    return Histogram(metric.prometheus, metric.description, labels, registry=registry,
+                     buckets=metric.buckets)
+
+
+def _counter(name: str, labels: tuple[str, ...], registry: CollectorRegistry) -> Counter:
+    # prometheus-client takes the _total off a counter's name and serves it on the samples
+    metric = semconv.METRICS[name]
+    return Counter(metric.prometheus, metric.description, labels, registry=registry)
 
 
 class PrometheusEndpoint:
@@ -24,20 +35,14 @@ class PrometheusEndpoint:
         self.port = port
         self._labels = {semconv.PROM_RANK_LABEL: str(rank), semconv.PROM_RUN_LABEL: run_id}
         reg = self.registry
-        self.step = Histogram("training_step_duration_seconds", "Step time per rank.",
-                              _LABELS, registry=reg, buckets=SECONDS_BUCKETS)
-        self.phase = Histogram("training_phase_duration_seconds",
-                               "Time per phase of a step, per rank.",
-                               (*_LABELS, semconv.PROM_PHASE_LABEL), registry=reg,
-                               buckets=SECONDS_BUCKETS)
-        self.samples = Counter("training_samples", "Samples trained.", _LABELS, registry=reg)
-        self.tokens = Counter("training_tokens", "Tokens trained.", _LABELS, registry=reg)
-        self.dropped = Counter("otel_train_telemetry_dropped",
-                               "Telemetry otel-train had to drop, by signal.",
-                               (*_LABELS, semconv.ATTR_SIGNAL), registry=reg)
-        self.cpu_throttled = Counter("training_cpu_throttled_time_seconds",
-                                     "Time this rank's cgroup was CPU-throttled.", _LABELS,
-                                     registry=reg)
+        self.step = _histogram(semconv.METRIC_STEP_DURATION, _LABELS, reg)
+        self.phase = _histogram(semconv.METRIC_PHASE_DURATION,
+                                (*_LABELS, semconv.PROM_PHASE_LABEL), reg)
+        self.samples = _counter(semconv.METRIC_SAMPLES, _LABELS, reg)
+        self.tokens = _counter(semconv.METRIC_TOKENS, _LABELS, reg)
+        self.dropped = _counter(semconv.METRIC_TELEMETRY_DROPPED,
+                                (*_LABELS, semconv.prometheus_label(semconv.ATTR_SIGNAL)), reg)
+        self.cpu_throttled = _counter(semconv.METRIC_CPU_THROTTLED_TIME, _LABELS, reg)
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero from the start, so increase() sees the first drop
             self.dropped.labels(**self._labels, signal=signal)

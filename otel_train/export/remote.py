@@ -51,7 +51,7 @@ from otel_train.identity import Identity
 # operations: the first element says what the rest is
 OP_SPAN = "S"  # (S, name, parent, start, end, attrs, span_id, trace_id, links, error, events)
 OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs)
-OP_INSTRUMENT = "I"  # (I, id, kind, name, unit, description, buckets or None)
+OP_INSTRUMENT = "I"  # (I, id, metric name): the exporter makes semconv.METRICS[name]
 OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
 OP_COLLECTIVES = "C"  # (C, step spec, rows, duration id, size id): collective_rows.py, or
 #                       the NCCL plugin's records with nccl/rows.py's spec
@@ -222,31 +222,31 @@ class _ProxyInstrument:
 
 
 class _ProxyMeter:
-    """``create_histogram``/``create_counter``/``create_gauge`` as the sources call them."""
+    """``create_histogram``/``create_counter``/``create_gauge`` as ``semconv.create`` calls
+    them. Only the name travels: the exporter process makes the instrument from the same
+    definition in ``semconv.METRICS``, so a metric missing from the table fails here, at
+    creation, not later in the exporter."""
 
     def __init__(self, pipeline: RemotePipeline) -> None:
         self._pipeline = pipeline
 
-    def _create(self, kind: str, name: str, unit: str = "", description: str = "",
-                explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
-                ) -> _ProxyInstrument:
-        buckets = (list(explicit_bucket_boundaries_advisory)
-                   if explicit_bucket_boundaries_advisory is not None else None)
-        return self._pipeline.define_instrument((kind, name, unit, description, buckets))
+    def _create(self, kind: str, name: str) -> _ProxyInstrument:
+        if semconv.METRICS[name].kind != kind:
+            raise ValueError(f"{name} is a {semconv.METRICS[name].kind}, not a {kind}")
+        return self._pipeline.define_instrument(name)
 
     def create_histogram(self, name: str, unit: str = "", description: str = "",
                          explicit_bucket_boundaries_advisory: Sequence[float] | None = None,
                          ) -> _ProxyInstrument:
-        return self._create("histogram", name, unit, description,
-                            explicit_bucket_boundaries_advisory)
+        return self._create(semconv.HISTOGRAM, name)
 
     def create_counter(self, name: str, unit: str = "", description: str = ""
                        ) -> _ProxyInstrument:
-        return self._create("counter", name, unit, description)
+        return self._create(semconv.COUNTER, name)
 
     def create_gauge(self, name: str, unit: str = "", description: str = ""
                      ) -> _ProxyInstrument:
-        return self._create("gauge", name, unit, description)
+        return self._create(semconv.GAUGE, name)
 
 
 _live: weakref.WeakSet[RemotePipeline] = weakref.WeakSet()
@@ -451,9 +451,9 @@ class RemotePipeline:
         return self._exporter_past + self._exporter_live
 
     # --- what the emitter makes ---------------------------------------------------------
-    def define_instrument(self, definition: tuple[Any, ...]) -> _ProxyInstrument:
+    def define_instrument(self, name: str) -> _ProxyInstrument:
         iid = len(self._instruments)
-        op = (OP_INSTRUMENT, iid, *definition)
+        op = (OP_INSTRUMENT, iid, name)
         self._instruments.append(op)
         self._ops.append(op)
         return _ProxyInstrument(iid, self._ops)

@@ -91,9 +91,7 @@ class CgroupSource:
         self.emitter = ctx.emitter
         self.attrs = {semconv.ATTR_RANK: ctx.identity.rank,
                       semconv.ATTR_RUN_ID: ctx.identity.run_id}
-        self.counter = ctx.meter.create_counter(
-            semconv.METRIC_CPU_THROTTLED_TIME, unit="s",
-            description="Time this rank's cgroup was CPU-throttled (CFS quota), from cpu.stat.")
+        self.counter = semconv.create(ctx.meter, semconv.METRIC_CPU_THROTTLED_TIME)
         self.counter.add(0.0, self.attrs)  # measured, and zero so far: a fact, not a gap
         ctx.emitter.add_cpu_throttled(0.0)
         self.last = throttled_seconds(self.path)

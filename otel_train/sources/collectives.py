@@ -24,7 +24,6 @@ from otel_train import collectives_math as cmath
 from otel_train import internal_errors, nccl, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows
-from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
 from otel_train.nccl.rows import StepSpec, op_name
@@ -283,16 +282,9 @@ class Ledger:
             # a second of steps between drains (emit_interval_s), fast ones too
             emitter.hold_steps(self._ready, max_held=512, with_end=True)
         meter = ctx.meter
-        self.duration = meter.create_histogram(
-            semconv.METRIC_COLLECTIVE_DURATION, unit="s",
-            description="Time of each collective, issue to completion (GPU time on NCCL "
-                        "with the flight recorder's timing).",
-            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
-        self.size = meter.create_counter(semconv.METRIC_COLLECTIVE_SIZE, unit="By",
-                                         description="Bytes of collectives (nccl-tests size).")
-        self.overlap = meter.create_gauge(
-            semconv.METRIC_COMM_OVERLAP, unit="1",
-            description="Fraction of the step's communication time hidden under computation.")
+        self.duration = semconv.create(meter, semconv.METRIC_COLLECTIVE_DURATION)
+        self.size = semconv.create(meter, semconv.METRIC_COLLECTIVE_SIZE)
+        self.overlap = semconv.create(meter, semconv.METRIC_COMM_OVERLAP)  # its owner
         emitter.on_event(RECORD, self.on_record)
         emitter.before_step(self._guarded(self.before_step))
         emitter.on_step(self._guarded(self.on_step))

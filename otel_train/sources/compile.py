@@ -33,7 +33,6 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.config import ConfigWarning
-from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources import compile_fingerprint as fpmod
@@ -188,25 +187,12 @@ class CompileSource:
     def _init_emitter_state(self, ctx: RunContext) -> None:
         meter, ident = ctx.meter, ctx.identity
         self.attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
-        self.duration_hist = meter.create_histogram(
-            semconv.METRIC_COMPILE_DURATION, unit="s",
-            description="Time per torch.compile compilation.",
-            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
-        self.graph_breaks_ctr = meter.create_counter(
-            semconv.METRIC_COMPILE_GRAPH_BREAKS, unit="{break}",
-            description="Graph breaks dynamo took, by bounded reason.")
-        self.recompiles_ctr = meter.create_counter(
-            semconv.METRIC_COMPILE_RECOMPILES, unit="{recompile}",
-            description="Recompilations of an already compiled frame, by guard failure kind.")
-        self.graphs_ctr = meter.create_counter(
-            semconv.METRIC_COMPILE_GRAPHS, unit="{graph}",
-            description="Graphs dynamo handed to the compiler backend.")
-        self.limit_ctr = meter.create_counter(
-            semconv.METRIC_COMPILE_RECOMPILE_LIMIT_HITS, unit="{frame}",
-            description="Frames that hit the recompile limit and fell back to eager.")
-        self.inconsistent_gauge = meter.create_gauge(
-            semconv.METRIC_COMPILE_INCONSISTENT, unit="1",
-            description="1 while this rank compiled other graphs than the reference rank.")
+        self.duration_hist = semconv.create(meter, semconv.METRIC_COMPILE_DURATION)
+        self.graph_breaks_ctr = semconv.create(meter, semconv.METRIC_COMPILE_GRAPH_BREAKS)
+        self.recompiles_ctr = semconv.create(meter, semconv.METRIC_COMPILE_RECOMPILES)
+        self.graphs_ctr = semconv.create(meter, semconv.METRIC_COMPILE_GRAPHS)
+        self.limit_ctr = semconv.create(meter, semconv.METRIC_COMPILE_RECOMPILE_LIMIT_HITS)
+        self.inconsistent_gauge = semconv.create(meter, semconv.METRIC_COMPILE_INCONSISTENT)
         self.recompiles_ctr.add(0, self.attrs)
         self.graph_breaks_ctr.add(0, self.attrs)
         self.reader = records.RecordReader()

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from otel_train import internal_errors, semconv
-from otel_train.export.buckets import SECONDS_BUCKETS
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu_device import training_device
@@ -142,10 +141,7 @@ class CudaTimingSource:
         self._put = ctx.recorder.put
         self._capturing = torch.cuda.is_current_stream_capturing
         self.tracker = ctx.tracker
-        self.hist = ctx.meter.create_histogram(
-            semconv.METRIC_PHASE_GPU_DURATION, unit="s",
-            description="GPU time per phase of a step, per rank (CUDA events).",
-            explicit_bucket_boundaries_advisory=list(SECONDS_BUCKETS))
+        self.hist = semconv.create(ctx.meter, semconv.METRIC_PHASE_GPU_DURATION)
         ctx.emitter.on_event(RECORD, self._on_record)
         ctx.emitter.hold_steps(self._ready, MAX_HELD)
         ctx.emitter.before_step(self._before_step)

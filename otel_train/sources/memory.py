@@ -69,21 +69,12 @@ class MemorySource:
         self.emitter = ctx.emitter
         self._put = ctx.recorder.put
         meter = ctx.meter
-        self.gauges = {
-            name: meter.create_gauge(name, unit="By", description=desc) for name, desc in (
-                (semconv.METRIC_MEMORY_ALLOCATED_PEAK, "Peak allocated bytes (CUDA caching "
-                 "allocator), since start or per step."),
-                (semconv.METRIC_MEMORY_RESERVED, "Bytes reserved by the caching allocator."),
-                (semconv.METRIC_MEMORY_ALLOCATED, "Bytes allocated at the step's end."),
-                (semconv.METRIC_MEMORY_RESERVED_PEAK, "Peak reserved bytes."),
-                (semconv.METRIC_MEMORY_FRAGMENTATION, "Reserved minus allocated bytes at the "
-                 "step's end: held by the allocator but unused."),
-            )}
-        self.retries = meter.create_counter(
-            semconv.METRIC_MEMORY_ALLOC_RETRIES, unit="{retry}",
-            description="cudaMalloc retries after freeing cached blocks (memory pressure).")
-        self.ooms = meter.create_counter(semconv.METRIC_MEMORY_OOMS, unit="{error}",
-                                         description="CUDA out-of-memory errors.")
+        self.gauges = {name: semconv.create(meter, name) for name in (
+            semconv.METRIC_MEMORY_ALLOCATED_PEAK, semconv.METRIC_MEMORY_RESERVED,
+            semconv.METRIC_MEMORY_ALLOCATED, semconv.METRIC_MEMORY_RESERVED_PEAK,
+            semconv.METRIC_MEMORY_FRAGMENTATION)}
+        self.retries = semconv.create(meter, semconv.METRIC_MEMORY_ALLOC_RETRIES)
+        self.ooms = semconv.create(meter, semconv.METRIC_MEMORY_OOMS)
         ctx.emitter.on_event(RECORD, self._on_record)
         ctx.emitter.on_event(OOM_RECORD, self._on_oom_record)
         ctx.emitter.before_step(self._before_step)

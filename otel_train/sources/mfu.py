@@ -78,18 +78,10 @@ class MfuSource:
             self.peak = peak_tflops(torch.cuda.get_device_name(device))
         self.emitter = ctx.emitter
         meter = ctx.meter
-        self.samples_rate = meter.create_gauge(
-            semconv.METRIC_THROUGHPUT_SAMPLES, unit="{sample}/s",
-            description="Samples per second over the last step.")
-        self.tokens_rate = meter.create_gauge(
-            semconv.METRIC_THROUGHPUT_TOKENS, unit="{token}/s",
-            description="Tokens per second over the last step.")
-        self.flops_rate = meter.create_gauge(
-            semconv.METRIC_FLOPS_ACHIEVED, unit="{flop}/s",
-            description="Model FLOPs per second achieved over the last step.")
-        self.mfu = meter.create_gauge(
-            semconv.METRIC_MFU, unit="1",
-            description="Model FLOPs utilisation: achieved over the device's peak.")
+        self.samples_rate = semconv.create(meter, semconv.METRIC_THROUGHPUT_SAMPLES)
+        self.tokens_rate = semconv.create(meter, semconv.METRIC_THROUGHPUT_TOKENS)
+        self.flops_rate = semconv.create(meter, semconv.METRIC_FLOPS_ACHIEVED)
+        self.mfu = semconv.create(meter, semconv.METRIC_MFU)
         ctx.emitter.on_event(RECORD, self._on_flops)
         ctx.emitter.before_step(self._before_step)
         if (self.flops is None and device is not None and ctx.model is not None
