@@ -49,7 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.analysis import otlp  # noqa: E402
-from otel_train.sources import gpu_trace, memory, mfu  # noqa: E402
+from otel_train.sources.gpu import kineto as gpu_trace  # noqa: E402
+from otel_train.sources.gpu import (
+    memory,  # noqa: E402
+    mfu,  # noqa: E402
+)
 
 ALL_SOURCES = importlib.import_module("otel_train.instrument").SOURCES
 

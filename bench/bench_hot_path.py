@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otel_train
 from otel_train import semconv
 from otel_train.recorder import Recorder
-from otel_train.sources.steps import StepTracker
+from otel_train.tracker import StepTracker
 
 
 def per_record_ns(repeat: int = 7, number: int = 200_000) -> list[float]:

@@ -1,4 +1,4 @@
-"""The one-time cost of counting FLOPs for MFU (otel_train/sources/mfu.py).
+"""The one-time cost of counting FLOPs for MFU (otel_train/sources/gpu/mfu.py).
 
 On a CUDA run without compiled parts, otel-train counts one step's FLOPs (step
 ``MEASURE_STEP``) under ``torch.utils.flop_counter.FlopCounterMode``, a dispatch mode that

@@ -21,22 +21,22 @@ from otel_train import config as config_mod
 from otel_train import identity, semconv, sources
 from otel_train.config import Config, ConfigWarning
 from otel_train.emitter import Emitter
-from otel_train.export.logs import LogCapture, LogContext, internal_logger
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.providers import Pipeline, choose_exporter
 from otel_train.export.remote import ExporterUnavailable, RemotePipeline
 from otel_train.identity import Identity
+from otel_train.log_capture import LogCapture, LogContext, internal_logger
 from otel_train.recorder import EVENT, Recorder
-from otel_train.sources.steps import StepHooks, StepTracker
+from otel_train.tracker import StepHooks, StepTracker
 
 #: what else is observed, beside steps: "module:Class" of each source (see sources/__init__.py)
 SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
                             "otel_train.sources.collectives:CollectiveSource",
                             # GPU truth (docs/gpu.md): each does nothing on a CPU run
-                            "otel_train.sources.cuda_timing:CudaTimingSource",
-                            "otel_train.sources.memory:MemorySource",
-                            "otel_train.sources.mfu:MfuSource",
-                            "otel_train.sources.profiler:ProfilerSource",
+                            "otel_train.sources.gpu.cuda_timing:CudaTimingSource",
+                            "otel_train.sources.gpu.memory:MemorySource",
+                            "otel_train.sources.gpu.mfu:MfuSource",
+                            "otel_train.sources.gpu.profiler:ProfilerSource",
                             "otel_train.sources.cgroup:CgroupSource",
                             "otel_train.sources.gaps:GapSource")
 

@@ -180,7 +180,7 @@ TRACES_GLOB = "traces*.jsonl"
 METRICS_GLOB = "metrics*.jsonl"
 LOGS_GLOB = "logs*.jsonl"
 
-# --- compile telemetry (sources/compile.py) ----------------------------------------------
+# --- compile telemetry (sources/compile/__init__.py) ----------------------------------------------
 ATTR_COMPILE_ID = "compile.id"
 #: "co_name (file:line)" of the compiled frame
 ATTR_COMPILE_FRAME = "compile.frame"
@@ -233,7 +233,7 @@ METRIC_COMPILE_RECOMPILE_LIMIT_HITS = "training.compile.recompile_limit_hits"
 #: gauge, 1 while this rank's compilations differ from the reference rank's (rank 0)
 METRIC_COMPILE_INCONSISTENT = "training.compile.inconsistent"
 
-# --- GPU telemetry (sources/cuda_timing.py, memory.py, mfu.py, profiler.py; docs/gpu.md) ---
+# --- GPU telemetry (sources/gpu/cuda_timing.py, memory.py, mfu.py, profiler.py; docs/gpu.md) ---
 #: on train.rank_step: GPU-timed per-phase totals in seconds (CUDA events, current stream)
 ATTR_PHASE_GPU_TOTAL_PREFIX = "training.phase_gpu_total."
 #: on train.rank_step: GPU time from the step's first phase marker to its last
@@ -323,37 +323,37 @@ _DEFINITIONS = (
     Metric(METRIC_INTERNAL_ERRORS, COUNTER, "{error}",
            "Exceptions otel-train caught on its hook paths so that training went on, by "
            "component (each component's first one is logged)."),
-    # sources/collectives.py
+    # sources/collectives/__init__.py
     Metric(METRIC_COLLECTIVE_DURATION, HISTOGRAM, "s",
            "Time of each collective, issue to completion (GPU time on NCCL with the flight "
            "recorder's timing).", SECONDS_BUCKETS),
     Metric(METRIC_COLLECTIVE_SIZE, COUNTER, "By", "Bytes of collectives (nccl-tests size)."),
-    # Owned by sources/collectives.py (every step with communication); sources/profiler.py
+    # Owned by sources/collectives/__init__.py (every step with communication); sources/gpu/profiler.py
     # sets the same instrument from a profiled window, its points marked by
     # training.overlap.method="profiler". One definition, so one description: the SDK hands
     # both sources the same instrument instead of warning of a conflicting one.
     Metric(METRIC_COMM_OVERLAP, GAUGE, "1",
            "Fraction of the step's communication time hidden under computation "
            "(training.overlap.method=profiler: from a profiled window's kernels)."),
-    # sources/cuda_timing.py
+    # sources/gpu/cuda_timing.py
     Metric(METRIC_PHASE_GPU_DURATION, HISTOGRAM, "s",
            "GPU time per phase of a step, per rank (CUDA events).", SECONDS_BUCKETS),
     # sources/cgroup.py
     Metric(METRIC_CPU_THROTTLED_TIME, COUNTER, "s",
            "Time this rank's cgroup was CPU-throttled (CFS quota), from cpu.stat."),
-    # sources/mfu.py
+    # sources/gpu/mfu.py
     Metric(METRIC_THROUGHPUT_SAMPLES, GAUGE, "{sample}/s",
            "Samples per second over the last step."),
     Metric(METRIC_THROUGHPUT_TOKENS, GAUGE, "{token}/s", "Tokens per second over the last step."),
     Metric(METRIC_FLOPS_ACHIEVED, GAUGE, "{flop}/s",
            "Model FLOPs per second achieved over the last step."),
     Metric(METRIC_MFU, GAUGE, "1", "Model FLOPs utilisation: achieved over the device's peak."),
-    # sources/profiler.py
+    # sources/gpu/profiler.py
     Metric(METRIC_COMM_EXPOSED, GAUGE, "s",
            "Communication kernel time per step not hidden under computation."),
     Metric(METRIC_GPU_IDLE, GAUGE, "1",
            "Share of a profiled window the GPU ran no kernel or copy."),
-    # sources/memory.py
+    # sources/gpu/memory.py
     Metric(METRIC_MEMORY_ALLOCATED_PEAK, GAUGE, "By",
            "Peak allocated bytes (CUDA caching allocator), since start or per step."),
     Metric(METRIC_MEMORY_RESERVED, GAUGE, "By", "Bytes reserved by the caching allocator."),
@@ -365,7 +365,7 @@ _DEFINITIONS = (
     Metric(METRIC_MEMORY_ALLOC_RETRIES, COUNTER, "{retry}",
            "cudaMalloc retries after freeing cached blocks (memory pressure)."),
     Metric(METRIC_MEMORY_OOMS, COUNTER, "{error}", "CUDA out-of-memory errors."),
-    # sources/compile.py
+    # sources/compile/__init__.py
     Metric(METRIC_COMPILE_DURATION, HISTOGRAM, "s", "Time per torch.compile compilation.",
            SECONDS_BUCKETS),
     Metric(METRIC_COMPILE_GRAPH_BREAKS, COUNTER, "{break}",

@@ -115,8 +115,8 @@ def test_a_quotad_rank_is_throttled_per_step_and_named(tmp_path) -> None:
                     <= float(span["attrs"][semconv.ATTR_STEP_DURATION]) + 1e-9), span["attrs"]
 
     from otel_train.analysis.build import build_report
-    from otel_train.check.model import PASS
     from otel_train.check.rundir import check_run_dir
+    from otel_train.check.verdicts import PASS
 
     report = build_report(run_dir)
     worst = max(report.resources, key=lambda r: r.cpu_throttled_s or 0.0)

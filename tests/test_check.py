@@ -22,8 +22,8 @@ from report_fixtures import (
 )
 
 from otel_train import semconv as sc
-from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS
 from otel_train.check.rundir import check_run_dir
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS
 from otel_train.cli import main
 
 LAUNCHER = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
@@ -174,7 +174,7 @@ def test_there_is_no_tempo_option(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_a_check_where_nothing_applied_is_not_a_pass() -> None:
     from otel_train.check.cli import exit_status
-    from otel_train.check.model import CheckResult
+    from otel_train.check.verdicts import CheckResult
 
     def row(status: str) -> CheckResult:
         return CheckResult("trace_coverage", status, "evidence", "fix", "run dir")

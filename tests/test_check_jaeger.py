@@ -38,8 +38,8 @@ from report_fixtures import break_rank_sampling, run_demo
 
 from otel_train import semconv as sc
 from otel_train.check.jaeger import ITEMS, JaegerAPI, check_jaeger
-from otel_train.check.model import FAIL, PASS
 from otel_train.check.prometheus import live_exemplar_ids
+from otel_train.check.verdicts import FAIL, PASS
 from otel_train.cli import main
 
 pytestmark = pytest.mark.slow

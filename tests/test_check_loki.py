@@ -44,7 +44,7 @@ from test_check_jaeger import Jaeger, running_jaeger
 
 from otel_train import semconv as sc
 from otel_train.check.loki import LokiAPI, run_query
-from otel_train.check.model import FAIL, PASS
+from otel_train.check.verdicts import FAIL, PASS
 from otel_train.cli import main
 
 STEPS, RANKS = 6, 2

@@ -28,9 +28,9 @@ from pipeline_fixtures import (
 
 from otel_train import semconv as sc
 from otel_train.analysis.build import build_report
-from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS
 from otel_train.check.prometheus import PrometheusAPI, check_prometheus
 from otel_train.check.rundir import check_run_dir
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS
 from otel_train.cli import main
 
 pytestmark = pytest.mark.slow

@@ -23,8 +23,8 @@ from conftest import REPO_ROOT, require_binary
 from report_fixtures import RunSpec, write_run
 
 from otel_train import semconv as sc
-from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS
 from otel_train.check.prometheus import CADVISOR_THROTTLED, PrometheusAPI, check_prometheus
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS
 from otel_train.cli import main
 from otel_train.export.prometheus import PrometheusEndpoint
 

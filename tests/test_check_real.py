@@ -20,8 +20,8 @@ from report_fixtures import (
 )
 
 from otel_train import semconv as sc
-from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS
 from otel_train.check.rundir import check_run_dir
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS
 from otel_train.cli import main
 
 pytestmark = pytest.mark.slow

@@ -394,7 +394,7 @@ if __name__ == "__main__":
 
 
 def test_the_flight_recorder_read_interval_follows_the_rate_of_collectives():
-    from otel_train.sources.collectives_nccl import read_interval_s
+    from otel_train.sources.collectives.flight_recorder import read_interval_s
 
     # 2000 entries filling at 685 a second (FSDP on 2 H200s): read before 80% of it is used,
     # a tick early (reads happen on the emitter's ticks)
@@ -405,7 +405,7 @@ def test_the_flight_recorder_read_interval_follows_the_rate_of_collectives():
 
 
 def test_the_flight_recorder_size_reads_its_new_name_first(monkeypatch):
-    from otel_train.sources.collectives_nccl import buffer_size
+    from otel_train.sources.collectives.flight_recorder import buffer_size
 
     monkeypatch.delenv("TORCH_FR_BUFFER_SIZE", raising=False)
     monkeypatch.delenv("TORCH_NCCL_TRACE_BUFFER_SIZE", raising=False)

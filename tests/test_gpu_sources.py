@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 import otel_train
 from otel_train import config as config_mod
 from otel_train import semconv
-from otel_train.sources import mfu
-from otel_train.sources.cuda_timing import GpuClock
+from otel_train.sources.gpu import mfu
+from otel_train.sources.gpu.cuda_timing import GpuClock
 
 instrument_mod = importlib.import_module("otel_train.instrument")
 

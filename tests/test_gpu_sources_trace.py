@@ -13,7 +13,7 @@ import random
 import pytest
 from conftest import binaries_required
 
-from otel_train.sources import gpu_trace
+from otel_train.sources.gpu import kineto as gpu_trace
 
 
 def _kernel(name, ts, dur, stream):

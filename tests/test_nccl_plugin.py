@@ -309,7 +309,7 @@ def test_auto_names_the_plugin_only_where_nccl_surely_loads_it():
     """``nccl_plugin="auto"`` (the default) names the plugin only with NCCL >= 2.28 and no
     NCCL communicator made yet (none bound eagerly, no operation run, as the flight
     recorder tells); otherwise the flight recorder stays the source, and the reason says
-    why. The decision is pure (sources/collectives.py); the GPU test runs it for real."""
+    why. The decision is pure (sources/collectives/__init__.py); the GPU test runs it for real."""
     from otel_train.sources.collectives import auto_declines
 
     assert auto_declines((2, 28, 9), bound=False, ran=False) is None

@@ -9,7 +9,7 @@ import pytest
 from report_fixtures import RunSpec, write_run
 
 from otel_train import semconv as sc
-from otel_train.analysis import steps as st
+from otel_train.analysis import attribution as st
 from otel_train.analysis.build import build_report
 from otel_train.analysis.otlp import decode_attributes, iter_spans, signal_files
 from otel_train.analysis.terminal import straggler_lines

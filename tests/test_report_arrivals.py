@@ -15,7 +15,7 @@ from report_fixtures import run_demo
 
 from otel_train import semconv as sc
 from otel_train.analysis import arrivals as arr
-from otel_train.analysis import steps as st
+from otel_train.analysis import attribution as st
 from otel_train.analysis.otlp import iter_spans, raw_attributes, signal_files
 from otel_train.analysis.traces import UNTIMED, StepTable
 from otel_train.cli import main

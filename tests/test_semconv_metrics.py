@@ -83,7 +83,7 @@ def test_every_metric_a_run_exports_is_the_tables(tmp_path, monkeypatch, export_
 
 
 def test_comm_overlap_is_one_instrument_for_both_of_its_sources(caplog):
-    # sources/collectives.py and sources/profiler.py both set training.comm.overlap
+    # sources/collectives/__init__.py and sources/gpu/profiler.py both set training.comm.overlap
     meter = MeterProvider().get_meter(semconv.SCOPE_NAME)
     with caplog.at_level(logging.WARNING):
         first = semconv.create(meter, semconv.METRIC_COMM_OVERLAP)

@@ -38,8 +38,8 @@ from pipeline_fixtures import (
 )
 
 from otel_train import semconv as sc
-from otel_train.check.model import PASS
 from otel_train.check.prometheus import check_prometheus
+from otel_train.check.verdicts import PASS
 
 pytestmark = pytest.mark.slow
 

@@ -42,8 +42,8 @@ def _emitter_attributes(path: Path) -> set[tuple[str, int]]:
 
 def test_sources_use_only_the_source_host_interface() -> None:
     members = _members()
-    outside = sorted(f"{path.name}:{line}: emitter.{name}"
-                     for path in sorted(SOURCES.glob("*.py"))
+    outside = sorted(f"{path.relative_to(SOURCES)}:{line}: emitter.{name}"
+                     for path in sorted(SOURCES.rglob("*.py"))
                      for name, line in _emitter_attributes(path) if name not in members)
     assert not outside, "\n".join(outside)
 

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from otel_train.sources.collectives_nccl import FlightRecorder, buffer_size  # noqa: E402
+from otel_train.sources.collectives.flight_recorder import FlightRecorder, buffer_size  # noqa: E402
 
 
 def timed(fn, reads: int) -> tuple[float, object]:

@@ -57,7 +57,7 @@ from bench_gpu import GPT, GPTConfig, hta_overlap_pct, run_dir_of  # noqa: E402
 import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.analysis import otlp  # noqa: E402
-from otel_train.sources import gpu_trace  # noqa: E402
+from otel_train.sources.gpu import kineto as gpu_trace  # noqa: E402
 
 MODES = ("normal", "straggler", "straggler_gpu", "profile", "overhead", "hang")
 #: modes run only when named: the exact CPU cost by arm and thread, and a cProfile of the

@@ -2,6 +2,6 @@
 collector's file output, OTLP JSON lines) and says where the step time went.
 
 ``build_report(run_dir)`` in :mod:`otel_train.analysis.build` returns a
-:class:`~otel_train.analysis.model.Report`; ``terminal``, ``html`` and ``Report.to_dict``
+:class:`~otel_train.analysis.report_model.Report`; ``terminal``, ``html`` and ``Report.to_dict``
 render it. Everything streams: see docs/report.md.
 """

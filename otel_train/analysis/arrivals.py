@@ -24,14 +24,14 @@ from statistics import median
 from typing import Any
 
 from otel_train import semconv as sc
-from otel_train.analysis.model import (
+from otel_train.analysis.otlp import RawAttributes, attribute
+from otel_train.analysis.report_model import (
     LATE_STEP_SHARE,
     Arrivals,
     LateArrival,
     RankLateness,
     StepLateness,
 )
-from otel_train.analysis.otlp import RawAttributes, attribute
 
 #: the attributes pass one reads for this, besides the op
 ARRIVAL_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_SEQ, sc.ATTR_COLLECTIVE_GROUP,

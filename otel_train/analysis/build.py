@@ -7,9 +7,10 @@ from pathlib import Path
 
 from otel_train import semconv as sc
 from otel_train.analysis import arrivals as arr
-from otel_train.analysis import steps as st
+from otel_train.analysis import attribution as st
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
-from otel_train.analysis.model import (
+from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
+from otel_train.analysis.report_model import (
     Bar,
     CollectiveRow,
     CompileSummary,
@@ -18,7 +19,6 @@ from otel_train.analysis.model import (
     SlowStep,
     StepTimeline,
 )
-from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
 from otel_train.analysis.traces import (
     PHASES,
     TraceDigest,

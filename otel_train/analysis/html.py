@@ -6,7 +6,7 @@ from __future__ import annotations
 from html import escape
 
 from otel_train.analysis import svg
-from otel_train.analysis.model import Report
+from otel_train.analysis.report_model import Report
 from otel_train.analysis.terminal import (
     arrival_lines,
     fmt_bytes,

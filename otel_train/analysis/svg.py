@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from html import escape
 
-from otel_train.analysis.model import Report, StepTimeline
+from otel_train.analysis.report_model import Report, StepTimeline
 
 COLORS = {
     "data_wait": "#e4572e", "forward": "#17becf", "backward": "#1f77b4",

@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_train.analysis.arrivals import LATE_STEP_SHARE
-from otel_train.analysis.model import Report
+from otel_train.analysis.report_model import Report
 
 #: what rich draws where a header or cell did not fit its column
 CUT_MARK = "…"

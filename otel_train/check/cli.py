@@ -7,8 +7,8 @@ import json
 import sys
 from pathlib import Path
 
-from otel_train.check.model import PASS, CheckResult, failed, merge
 from otel_train.check.render import render_table, write_json
+from otel_train.check.verdicts import PASS, CheckResult, failed, merge
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -21,7 +21,7 @@ from otel_train.analysis.metrics import MetricsDigest
 from otel_train.analysis.otlp import Span
 from otel_train.check import signal_checks, trace_checks
 from otel_train.check.evidence import LogEvidence, RunEvidence, TraceEvidence
-from otel_train.check.model import FAIL, CheckResult
+from otel_train.check.verdicts import FAIL, CheckResult
 
 SOURCE = "jaeger"
 #: the checklist items Jaeger's traces answer (exemplars too, with Prometheus's exemplars)

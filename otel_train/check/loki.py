@@ -20,7 +20,7 @@ from otel_train.analysis.metrics import MetricsDigest
 from otel_train.check import signal_checks
 from otel_train.check.evidence import LogEvidence, RunEvidence, TraceEvidence
 from otel_train.check.http import api_data
-from otel_train.check.model import FAIL, CheckResult
+from otel_train.check.verdicts import FAIL, CheckResult
 
 SOURCE = "loki"
 ITEMS = ("log_fields",)

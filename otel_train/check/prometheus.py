@@ -7,7 +7,7 @@ from typing import Any
 
 from otel_train import semconv as sc
 from otel_train.check.http import api_data
-from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS, CheckResult
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS, CheckResult
 
 SOURCE = "prometheus"
 #: training.cpu.throttled.time, a counter in seconds, as Prometheus names it

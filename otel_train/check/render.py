@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_train.analysis.terminal import is_cut
-from otel_train.check.model import FAIL, PASS, CheckResult, failed
+from otel_train.check.verdicts import FAIL, PASS, CheckResult, failed
 
 STYLE = {PASS: "green", FAIL: "bold red"}
 TITLE = "Production attribution checklist"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from otel_train.check import signal_checks, trace_checks
 from otel_train.check.evidence import gather
-from otel_train.check.model import NOT_APPLICABLE, CheckResult
+from otel_train.check.verdicts import NOT_APPLICABLE, CheckResult
 
 SOURCE = trace_checks.SOURCE
 

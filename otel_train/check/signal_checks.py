@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from otel_train import semconv as sc
 from otel_train.check.evidence import RunEvidence
-from otel_train.check.model import FAIL, NOT_APPLICABLE, PASS, CheckResult
 from otel_train.check.trace_checks import SOURCE, _examples, _result, world
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS, CheckResult
 
 LATENCY_HISTOGRAMS = (sc.METRIC_STEP_DURATION, sc.METRIC_PHASE_DURATION)
 

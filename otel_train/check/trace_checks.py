@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from otel_train import semconv as sc
 from otel_train.check.evidence import RunEvidence, TraceEvidence
-from otel_train.check.model import FAIL, PASS, CheckResult
+from otel_train.check.verdicts import FAIL, PASS, CheckResult
 
 SOURCE = "run dir"
 SAMPLER_FIX = ("use a trace-id ratio sampler (OTEL_TRACES_SAMPLER=traceidratio or "

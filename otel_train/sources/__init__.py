@@ -27,7 +27,7 @@ from opentelemetry.trace import SpanContext
 from otel_train.config import Config, ConfigWarning
 from otel_train.identity import Identity
 from otel_train.recorder import Recorder
-from otel_train.sources.steps import StepTracker
+from otel_train.tracker import StepTracker
 
 #: undoes a registration (like torch's hook handles' ``remove``)
 Remover = Callable[[], None]

@@ -55,7 +55,7 @@ def test_instrumented_steps_pass_sync_debug_mode_error(tmp_path):
 def test_a_sync_planted_in_a_hook_is_caught(tmp_path, monkeypatch):
     """The check above proves itself: an ``.item()`` planted in the CUDA-timing hook (the
     training thread's, at every phase boundary) must show up as counted errors."""
-    from otel_train.sources import cuda_timing
+    from otel_train.sources.gpu import cuda_timing
 
     original = cuda_timing.EventPool.take
 

@@ -25,7 +25,7 @@ import otlp_files  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402
-from otel_train.sources import gpu_trace  # noqa: E402
+from otel_train.sources.gpu import kineto as gpu_trace  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -5,7 +5,7 @@ CUPTI and, above all, stopping the trace (which synchronises the device and coll
 event) happen on the training thread at the window's step boundaries, and writing the trace
 holds the GIL for a while. Everything else is off the training thread: the trace is written
 by a background thread, analysed by a separate process (``python -m
-otel_train.sources.gpu_trace``: parsing a large JSON trace would hold the GIL for seconds) and
+otel_train.sources.gpu.kineto``: parsing a large JSON trace would hold the GIL for seconds) and
 the emitter, polling that process without waiting, turns the result into a ``train.profile``
 span under the window's first ``train.rank_step`` (with the trace file's path), the
 ``training.comm.overlap`` gauge and the exposed-communication and GPU-idle gauges.
@@ -30,7 +30,7 @@ import torch
 from otel_train import semconv
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
-from otel_train.sources.gpu_device import training_device
+from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.profile_window"
 ANALYSIS_TIMEOUT_S = 600.0
@@ -140,7 +140,7 @@ class ProfilerSource:
             elif "proc" not in job:
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
                 job["proc"] = subprocess.Popen(
-                    [sys.executable, "-m", "otel_train.sources.gpu_trace", job["path"],
+                    [sys.executable, "-m", "otel_train.sources.gpu.kineto", job["path"],
                      "--steps", str(job["last"] - job["first"] + 1)],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
                 job["launched"] = time.monotonic()

@@ -9,7 +9,7 @@ Three torch sources, each read where it is safe to:
   is in, a perf-counter timestamp, and copies of dynamo's graph-break and graph counters,
   read with ``.get`` so no counter key is ever created);
 - ``torch._dynamo.utils.get_compilation_metrics()``: read incrementally on the emitter
-  thread (compile_records.py) and joined to the callbacks by (compile id, kind);
+  thread (records.py) and joined to the callbacks by (compile id, kind);
 - ``torch._dynamo.utils.counters``: graph breaks and graphs, on the emitter thread.
 
 Spans are emitted when the step they belong to is emitted (a ``before_step`` listener, which
@@ -35,9 +35,9 @@ from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
-from otel_train.sources import compile_fingerprint as fpmod
-from otel_train.sources import compile_records as records
-from otel_train.sources.compile_reasons import GraphBreakReasons, recompile_category
+from otel_train.sources.compile import fingerprint as fpmod
+from otel_train.sources.compile import records
+from otel_train.sources.compile.reasons import GraphBreakReasons, recompile_category
 
 SOURCE = "otel_train.compile"
 START, END, FINAL = "start", "end", "final"

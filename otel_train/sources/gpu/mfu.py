@@ -20,7 +20,7 @@ import torch
 from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
-from otel_train.sources.gpu_device import training_device
+from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.flops"
 MEASURE_STEP = 1  # step 0 carries one-time work (lazy init, allocator growth)

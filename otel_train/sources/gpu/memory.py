@@ -22,7 +22,7 @@ import torch
 from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
-from otel_train.sources.gpu_device import training_device
+from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.memory"
 OOM_RECORD = "otel_train.oom"

@@ -10,7 +10,7 @@ fractional (ns-resolution) timestamps has every event's start rounded up and end
 down to whole µs first (pytorch/pytorch#122425). No pandas, no HTA needed here:
 ``tests/test_gpu_sources_trace.py`` and ``bench/bench_gpu.py`` check agreement with HTA.
 
-Run as ``python -m otel_train.sources.gpu_trace TRACE.json[.gz] [--steps K]``: prints one
+Run as ``python -m otel_train.sources.gpu.kineto TRACE.json[.gz] [--steps K]``: prints one
 JSON object (what the profiler source puts on its span and metrics).
 """
 

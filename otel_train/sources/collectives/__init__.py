@@ -1,7 +1,7 @@
 """Collectives: every all-gather, reduce-scatter, all-reduce, ... as a span, with bandwidth,
 exposed communication, overlap and stall detection.
 
-The hot path is in ``collectives_capture`` (wrappers, ProcessGroup hooks, DDP comm hook) and
+The hot path is in ``capture`` (wrappers, ProcessGroup hooks, DDP comm hook) and
 puts records; everything else happens here, on the emitter thread: pending collectives are
 kept by key until their completion record arrives, each finished step takes the collectives
 issued before its end (phase by time on the perf_counter clock: the phase whose interval
@@ -28,8 +28,8 @@ from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
 from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.recorder import EVENT
-from otel_train.sources import collectives_capture as capture_mod
-from otel_train.sources.collectives_capture import (
+from otel_train.sources.collectives import capture as capture_mod
+from otel_train.sources.collectives.capture import (
     DONE,
     FLUSH,
     ISSUE,
@@ -37,8 +37,12 @@ from otel_train.sources.collectives_capture import (
     WORK,
     Capture,
 )
-from otel_train.sources.collectives_nccl import FlightRecorder, buffer_size, read_interval_s
-from otel_train.sources.stall import StallWatch
+from otel_train.sources.collectives.flight_recorder import (
+    FlightRecorder,
+    buffer_size,
+    read_interval_s,
+)
+from otel_train.sources.collectives.stall import StallWatch
 
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
 #: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
@@ -127,7 +131,7 @@ def _nccl_groups_bound() -> bool:
     """Has an NCCL process group created its communicators already (eager initialisation,
     ``init_process_group(device_id=...)``)? NCCL then loaded its profiler plugin, or failed
     to, and never tries again in this process."""
-    from otel_train.sources.collectives_nccl import nccl_groups
+    from otel_train.sources.collectives.flight_recorder import nccl_groups
 
     return any(getattr(g, "bound_device_id", None) is not None for g in nccl_groups())
 
@@ -148,7 +152,7 @@ def _nccl_ran() -> bool | None:
     """Has any NCCL operation run in this process (then NCCL has created a communicator,
     tried to load a profiler plugin, and never tries again)? From the flight recorder's
     entries; None when it cannot be told (no flight recorder)."""
-    from otel_train.sources.collectives_nccl import FlightRecorder
+    from otel_train.sources.collectives.flight_recorder import FlightRecorder
 
     recorder = FlightRecorder(world_size=1)
     if not recorder.available():
@@ -184,7 +188,7 @@ def _name_the_plugin(log: Any, auto: bool = False) -> None:
     (no NCCL communicator yet); built with the system's C compiler on first use. ``auto``:
     only where it surely loads (:func:`auto_declines`), and quietly otherwise: the flight
     recorder is the source then, as it always was."""
-    from otel_train.sources.collectives_nccl import nccl_groups
+    from otel_train.sources.collectives.flight_recorder import nccl_groups
 
     if not nccl_groups() or nccl.ours(os.environ.get(nccl.ENV_NCCL)):
         return

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from statistics import median
 
 from otel_train import semconv as sc
-from otel_train.analysis.model import RankBreakdown, SlowStep, TimeBin
+from otel_train.analysis.report_model import RankBreakdown, SlowStep, TimeBin
 from otel_train.analysis.traces import UNTIMED, StepTable
 
 #: a rank this much busier than the median rank is called a straggler

@@ -27,7 +27,7 @@ import structlog
 
 from otel_train import semconv
 from otel_train.recorder import LOG, Recorder
-from otel_train.sources.steps import StepTracker
+from otel_train.tracker import StepTracker
 
 #: loggers whose records are never bridged (the exporters' own complaints would loop)
 _NOT_BRIDGED = ("opentelemetry", "otel_train.internal", "urllib3", "grpc")

@@ -30,7 +30,7 @@ import torch
 from otel_train import internal_errors, semconv
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
-from otel_train.sources.gpu_device import training_device
+from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.cuda_timing"
 #: steps that may wait for their GPU events before they are emitted with host times only
