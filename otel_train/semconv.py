@@ -207,7 +207,6 @@ ATTR_COMPILE_RECOMPILE_LIMIT = "compile.recompile_limit"
 ATTR_COMPILE_FINGERPRINT = "compile.fingerprint"
 #: how a rank's compilations differ from the reference rank's: graph, count
 ATTR_COMPILE_INCONSISTENCY = "compile.inconsistency"
-ATTR_COMPILE_REFERENCE_RANK = "compile.reference_rank"
 
 #: values of compile.reason (bounded): a first compile, or the category of the guard failure
 COMPILE_REASON_FIRST = "first_compile"

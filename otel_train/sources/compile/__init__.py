@@ -5,9 +5,7 @@ that every rank compiled the same graphs. See docs/compile.md.
 Three torch sources, each read where it is safe to:
 
 - ``torch._dynamo.callback`` start/end callbacks, on the compiling thread under dynamo's
-  callback lock: they only append one tuple to the recorder (the step the training thread
-  is in, a perf-counter timestamp, and copies of dynamo's graph-break and graph counters,
-  read with ``.get`` so no counter key is ever created);
+  callback lock (callbacks.py): they only append one tuple to the recorder;
 - ``torch._dynamo.utils.get_compilation_metrics()``: read incrementally on the emitter
   thread (records.py) and joined to the callbacks by (compile id, kind);
 - ``torch._dynamo.utils.counters``: graph breaks and graphs, on the emitter thread.
@@ -23,7 +21,6 @@ import collections
 import dataclasses
 import os
 import re
-import threading
 import time
 import warnings
 from typing import Any
@@ -37,10 +34,16 @@ from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.compile import fingerprint as fpmod
 from otel_train.sources.compile import records
+from otel_train.sources.compile.callbacks import (
+    END,
+    FINAL,
+    SOURCE,
+    START,
+    CompileCallbacks,
+    counter_copy,
+)
 from otel_train.sources.compile.reasons import GraphBreakReasons, recompile_category
 
-SOURCE = "otel_train.compile"
-START, END, FINAL = "start", "end", "final"
 _TRIGGER_KIND = {"LAZY_BACKWARD": records.BACKWARD, "CUDAGRAPH_RECORDING": records.RUNTIME,
                  "TRITON_AUTOTUNING": records.RUNTIME}
 _MAX_TEXT = 2000
@@ -62,11 +65,6 @@ class Compilation:
     record: records.CompileRecord | None = None
 
 
-def _counter_copy(counters: Any, name: str) -> dict[str, int] | None:
-    value = counters.get(name)  # .get: indexing the defaultdict would create the key
-    return dict(value) if value else None
-
-
 def _delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int]:
     before = before or {}
     return {k: v - before.get(k, 0) for k, v in (after or {}).items() if v > before.get(k, 0)}
@@ -80,58 +78,20 @@ class CompileSource:
     """The source registered in ``instrument.SOURCES``."""
 
     def __init__(self) -> None:
-        self._undo: list[Any] = []
-        self._lock = threading.Lock()
-        self._stopped = False
-        self._handler: Any = None
+        self.callbacks: CompileCallbacks | None = None
         self._warned: set[str] = set()
 
     # --- training thread ---------------------------------------------------------------
     def start(self, ctx: RunContext) -> None:
-        counters = torch_compat.dynamo_counters()
-
         self.ctx = ctx
-        self.counters = counters
+        self.counters = torch_compat.dynamo_counters()
         self._init_emitter_state(ctx)
-        put, tracker = ctx.recorder.put, ctx.tracker
-        rank_phase = lambda: tracker.phase  # noqa: E731
-
-        def where() -> tuple[int | None, str | None]:
-            if not tracker.enabled or tracker.step_start_ns is None:
-                return None, None
-            # after an optimizer step the time until the next phase belongs to the next step
-            return tracker.step + (tracker.pending_end_ns is not None), rank_phase()
-
-        def on_start(*args: Any) -> None:
-            try:
-                now = _now()
-                compile_id, trigger = _callback_args(args)
-                step, phase = where()
-                put((EVENT, SOURCE, (START, compile_id, trigger, now, step, phase,
-                                     _counter_copy(counters, "graph_break"),
-                                     _counter_copy(counters, "stats"))))
-            except Exception as err:  # a callback that raises would fail the compilation
-                internal_errors.count("compile", err)
-
-        def on_end(*args: Any) -> None:
-            try:
-                now = _now()
-                compile_id, trigger = _callback_args(args)
-                put((EVENT, SOURCE, (END, compile_id, trigger, now,
-                                     _counter_copy(counters, "graph_break"),
-                                     _counter_copy(counters, "stats"))))
-            except Exception as err:
-                internal_errors.count("compile", err)
-
-        self._on_start, self._on_end = on_start, on_end
         self._limit_at_start = _recompile_limit()
-        self._handler = torch_compat.compile_callback_handler()
-        if self._handler is None:
+        self.callbacks = CompileCallbacks(ctx.recorder.put, ctx.tracker, self.counters)
+        if not self.callbacks.install():
+            self.callbacks = None
             self._warn("callbacks", "torch._dynamo.callback.callback_handler is missing: "
                        "compilations are placed in steps by time only")
-        else:
-            self._register()
-            self._wrap_reset(torch_compat.dynamo_module())
         missing = records.missing_fields()
         if missing:
             self._warn("fields", "this torch's CompilationMetrics lacks "
@@ -140,42 +100,9 @@ class CompileSource:
         ctx.emitter.before_step(self._before_step)
         ctx.emitter.on_tick(self._poll)
 
-    def _register(self) -> None:
-        with self._lock:  # never re-register after stop() removed them
-            handler = self._handler
-            if self._stopped or handler is None:
-                return
-            if self._on_start not in handler.start_callbacks:
-                handler.register_start_callback(self._on_start)
-            if self._on_end not in handler.end_callbacks:
-                handler.register_end_callback(self._on_end)
-
-    def _wrap_reset(self, dynamo: Any) -> None:
-        # reset() clears every callback; re-register at once (the emitter also checks, for
-        # resets that bypass the module attribute, such as explain()'s)
-        original = dynamo.reset
-
-        def reset(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self._register()
-
-        reset.__wrapped__ = original  # type: ignore[attr-defined]
-        reset.__doc__ = original.__doc__
-        dynamo.reset = reset
-        self._undo.append(lambda: setattr(dynamo, "reset", original))
-
     def stop(self) -> None:
-        while self._undo:
-            self._undo.pop()()
-        with self._lock:
-            self._stopped = True
-            if self._handler is not None:
-                for callbacks, fn in ((self._handler.start_callbacks, self._on_start),
-                                      (self._handler.end_callbacks, self._on_end)):
-                    while fn in callbacks:
-                        callbacks.remove(fn)
+        if self.callbacks is not None:
+            self.callbacks.remove()
         self.ctx.recorder.put_always((EVENT, SOURCE, (FINAL,)))
 
     def _warn(self, key: str, message: str) -> None:
@@ -206,8 +133,8 @@ class CompileSource:
             maxlen=256)
         self._steps: collections.deque[tuple[int, int, int, SpanContext]] = collections.deque(
             maxlen=256)  # (step, start wall, end wall, rank step ctx) of emitted steps
-        self._gb_seen = _counter_copy(self.counters, "graph_break") or {}
-        self._graphs_seen = (_counter_copy(self.counters, "stats") or {}).get("unique_graphs", 0)
+        self._gb_seen = counter_copy(self.counters, "graph_break") or {}
+        self._graphs_seen = (counter_copy(self.counters, "stats") or {}).get("unique_graphs", 0)
         self.fingerprint = fpmod.Fingerprint()
         self._exchange: fpmod.Exchange | None | bool = None  # False: unavailable
         self._steps_done = 0
@@ -242,9 +169,9 @@ class CompileSource:
 
     def _poll(self) -> None:
         """Read new torch records and counters; pair records with callbacks."""
-        if self._handler is not None:
+        if self.callbacks is not None:
             try:
-                self._register()  # a reset (or explain()) since the last poll cleared them
+                self.callbacks.register()  # a reset (or explain()) since the last poll cleared them
             except Exception as err:
                 internal_errors.count("compile", err)
         for rec in self.reader.read():
@@ -294,14 +221,14 @@ class CompileSource:
             self.recompiles_ctr.add(1, {**self.attrs, semconv.ATTR_COMPILE_REASON: reason})
 
     def _count_from_counters(self) -> None:
-        gb = _counter_copy(self.counters, "graph_break") or {}
+        gb = counter_copy(self.counters, "graph_break") or {}
         if any(gb.get(k, 0) < v for k, v in self._gb_seen.items()):
             self._gb_seen = {}  # someone cleared dynamo's counters: count from zero again
         for message, n in _delta(self._gb_seen, gb).items():
             self.graph_breaks_ctr.add(n, {**self.attrs,
                                           semconv.ATTR_COMPILE_REASON: self.reasons.label(message)})
         self._gb_seen = gb
-        graphs = (_counter_copy(self.counters, "stats") or {}).get("unique_graphs", 0)
+        graphs = (counter_copy(self.counters, "stats") or {}).get("unique_graphs", 0)
         if graphs < self._graphs_seen:
             self._graphs_seen = 0
         if graphs > self._graphs_seen:
@@ -312,7 +239,7 @@ class CompileSource:
     def _before_step(self, info: Any) -> None:
         self._steps.append((info.step, info.start_ns, info.end_ns, info.rank_step_context))
         self._steps_done = info.step + 1
-        if self._pending or self._handler is None:
+        if self._pending or self.callbacks is None:
             # a compilation ended (its record pairs now), or no callbacks place them: read
             # torch's records for this step; otherwise once per drain (on_tick) is enough
             self._poll()
@@ -548,16 +475,6 @@ class CompileSource:
             detail=("this rank compiled a different graph than the reference rank"
                     if kind == fpmod.GRAPH else
                     "this rank and the reference rank compiled a different number of graphs"))
-
-
-def _callback_args(args: tuple[Any, ...]) -> tuple[str | None, str]:
-    """(compile id, trigger) from the callback's CallbackArgs; older torch passes none."""
-    if not args:
-        return None, "DYNAMO"
-    arg = args[0]
-    trigger = getattr(getattr(arg, "callback_trigger", None), "name", "DYNAMO")
-    compile_id = getattr(arg, "compile_id", None)
-    return (str(compile_id) if compile_id is not None else None), trigger
 
 
 def _recompile_limit(fail_reason: str | None = None) -> int | None:
