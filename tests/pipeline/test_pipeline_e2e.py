@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import REPO_ROOT
+from support import REPO_ROOT, otlp_files
 from support.pipeline_fixtures import (
     CONFIGS_DIR,
     Collector,
@@ -177,10 +177,10 @@ def metric_points(collector: Collector, name: str, run_id: str) -> list[dict[str
     points = []
     for doc in json_lines(collector.output_dir / "metrics.jsonl"):
         for rm in doc.get("resourceMetrics", []):
-            resource = {kv["key"]: kv["value"] for kv in rm.get("resource", {}).get("attributes", [])}
-            if resource.get(semconv.RES_RUN_ID, {}).get("stringValue") != run_id:
+            resource = otlp_files.attrs(rm.get("resource", {}))
+            if resource.get(semconv.RES_RUN_ID) != run_id:
                 continue
-            rank = int(resource[semconv.RES_RANK]["intValue"])
+            rank = int(resource[semconv.RES_RANK])
             for sm in rm.get("scopeMetrics", []):
                 for metric in sm.get("metrics", []):
                     if metric["name"] != name:
@@ -188,9 +188,7 @@ def metric_points(collector: Collector, name: str, run_id: str) -> list[dict[str
                     body = next(v for v in metric.values() if isinstance(v, dict)
                                 and "dataPoints" in v)
                     for point in body["dataPoints"]:
-                        attrs = {kv["key"]: next(iter(kv["value"].values()))
-                                 for kv in point.get("attributes", [])}
-                        points.append({**point, "rank": rank, "attrs": attrs})
+                        points.append({**point, "rank": rank, "attrs": otlp_files.attrs(point)})
     return points
 
 

@@ -30,7 +30,7 @@ def _run(tmp_path, **settings):
 
 
 def _docs(run_dir, pattern):
-    return list(otlp_files._lines(run_dir, pattern))
+    return otlp_files.requests(run_dir, pattern)
 
 
 def test_every_scope_carries_our_version_and_the_schema_url(tmp_path):

@@ -8,7 +8,6 @@ from collector/) and the per-rank prometheus-client endpoint serve.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import warnings
@@ -35,13 +34,12 @@ _TYPE_LINE = re.compile(r"^# TYPE (\S+) (\S+)$", re.MULTILINE)
 
 def exported_metrics(run_dir: Path) -> Iterator[tuple[str, str, str, str]]:
     """(name, kind, unit, description) of each metric in a run directory's files."""
-    for path in sorted(run_dir.glob(semconv.METRICS_GLOB)):
-        for line in path.read_text().splitlines():
-            for rm in json.loads(line).get("resourceMetrics", ()):
-                for sm in rm.get("scopeMetrics", ()):
-                    for m in sm.get("metrics", ()):
-                        kind = next(_OTLP_KIND[k] for k in m if k in _OTLP_KIND)
-                        yield m["name"], kind, m.get("unit", ""), m.get("description", "")
+    for request in otlp_files.requests(run_dir, semconv.METRICS_GLOB):
+        for rm in request.get("resourceMetrics", ()):
+            for sm in rm.get("scopeMetrics", ()):
+                for m in sm.get("metrics", ()):
+                    kind = next(_OTLP_KIND[k] for k in m if k in _OTLP_KIND)
+                    yield m["name"], kind, m.get("unit", ""), m.get("description", "")
 
 
 def test_every_metric_name_constant_has_one_definition():

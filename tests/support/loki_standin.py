@@ -42,6 +42,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from otel_train.analysis.otlp import decode_value
+
 #: resource attributes Loki's OTLP ingestion indexes as stream labels by default
 INDEX_LABELS = (
     "service.name", "service.namespace", "service.instance.id", "deployment.environment",
@@ -65,14 +67,15 @@ def label_name(attribute: str) -> str:
 
 
 def _value(v: dict[str, Any]) -> str:
-    if not v:
+    """An OTLP value as Loki's label or metadata string: arrays and maps as JSON."""
+    value = decode_value(v)
+    if value is None:
         return ""
-    kind, raw = next(iter(v.items()))
-    if kind in ("stringValue", "intValue", "doubleValue"):
-        return str(raw)
-    if kind == "boolValue":
-        return "true" if raw else "false"
-    return json.dumps(raw, sort_keys=True)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    return json.dumps(value, sort_keys=True)
 
 
 def _attributes(obj: dict[str, Any]) -> dict[str, str]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from support import REPO_ROOT
+from support import REPO_ROOT, otlp_files
 from support.binaries import require_binary
 
 T = TypeVar("T")
@@ -384,75 +384,25 @@ def replace_job_targets(config_text: str, job: str, targets: list[str]) -> str:
     return "\n".join(out) + "\n"
 
 
-# --- OTLP JSON lines (the collector's file exporter) ---------------------------------------
-
-
-def _any_value(v: dict[str, Any]) -> Any:
-    if not v:
-        return None
-    kind, raw = next(iter(v.items()))
-    return int(raw) if kind == "intValue" else raw
-
-
-def attributes(obj: dict[str, Any]) -> dict[str, Any]:
-    return {kv["key"]: _any_value(kv.get("value", {})) for kv in obj.get("attributes", [])}
+# --- OTLP JSON lines (the collector's file exporter), read by the package's reader ---------
 
 
 def json_lines(path: Path) -> Iterator[dict[str, Any]]:
-    """Whole JSON documents of a JSON-lines file.
+    """The export requests of one JSON-lines file, none while it does not exist.
 
-    A line still being written is skipped. A collector killed mid-write leaves a torn line,
-    and the restarted one (appending) continues on it: of such a line, the documents that
-    parse whole are kept and the torn fragment is skipped.
+    A collector killed mid-write leaves a torn line, and the restarted one (appending)
+    continues on it: of such a line, the requests that parse whole are kept and the torn
+    fragment is skipped; so is a last line still being written.
     """
-    if not path.exists():
-        return
-    with path.open() as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except ValueError:
-                yield from _salvage(line)
-
-
-def _salvage(line: str) -> Iterator[dict[str, Any]]:
-    decoder = json.JSONDecoder()
-    for match in re.finditer(r'\{"resource(Spans|Logs|Metrics)"', line):
-        try:
-            doc, end = decoder.raw_decode(line, match.start())
-        except ValueError:
-            continue
-        if not line[end:].strip():
-            yield doc
-            return
-        if line[end:].lstrip().startswith('{"resource'):
-            yield doc
+    return otlp_files.file_requests([path])
 
 
 def read_spans(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for doc in json_lines(path):
-        for rs in doc.get("resourceSpans", []):
-            resource = attributes(rs.get("resource", {}))
-            for ss in rs.get("scopeSpans", []):
-                for span in ss.get("spans", []):
-                    out.append({**span, "attrs": attributes(span), "resource": resource})
-    return out
+    return otlp_files.file_spans([path])
 
 
 def read_logs(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for doc in json_lines(path):
-        for rl in doc.get("resourceLogs", []):
-            resource = attributes(rl.get("resource", {}))
-            for sl in rl.get("scopeLogs", []):
-                for record in sl.get("logRecords", []):
-                    out.append({**record, "attrs": attributes(record), "resource": resource})
-    return out
+    return otlp_files.file_logs([path])
 
 
 def read_metric_names(path: Path) -> set[str]:

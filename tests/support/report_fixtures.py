@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_train import semconv as sc
+from otel_train.analysis.otlp import decode_attributes
 
 T0_NS = 1_760_000_000_000_000_000
 SPANS_PER_LINE = 512  # the BatchSpanProcessor's default export batch
@@ -430,11 +431,8 @@ def each_span(request: dict[str, Any]) -> Iterator[tuple[list, dict[str, Any]]]:
 
 
 def attr(item: dict[str, Any], key: str) -> Any:
-    for a in item.get("attributes", ()):
-        if a["key"] == key:
-            value = a["value"]
-            return int(value["intValue"]) if "intValue" in value else next(iter(value.values()))
-    return None
+    """The decoded value of attribute ``key`` of a raw span or record, None without it."""
+    return decode_attributes(item.get("attributes")).get(key)
 
 
 def break_log_ids(run_dir: Path) -> None:
