@@ -39,8 +39,8 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import overhead_stats as stats  # noqa: E402
-import pipeline_fixtures as pf  # noqa: E402
-from test_reliability_collector import _REFUSING_CONFIG, _StallingProxy  # noqa: E402
+from support import pipeline_fixtures as pf  # noqa: E402
+from support.collector_faults import REFUSING_CONFIG, StallingProxy  # noqa: E402
 
 import otel_train  # noqa: E402
 
@@ -105,8 +105,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         refusing = work / "refusing.yaml"
-        refusing.write_text(_REFUSING_CONFIG)
-        proxy = _StallingProxy()
+        refusing.write_text(REFUSING_CONFIG)
+        proxy = StallingProxy()
         with pf.running_collector(pf.CONFIGS_DIR / "local.yaml", work / "healthy") as healthy, \
                 pf.running_collector(refusing, work / "refusing") as refuser:
             endpoints = {

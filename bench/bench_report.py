@@ -1,6 +1,6 @@
 """Benchmark: ``otel-train report`` and ``otel-train check`` on 8 ranks x 10,000 steps.
 
-Writes the run with ``tests/report_fixtures.py`` (once; reused when already there), then runs
+Writes the run with ``tests/support/report_fixtures.py`` (once; reused when already there), then runs
 each command ``--repeat`` times, each in a fresh process so peak RSS is its own, and writes a
 markdown table with the machine, versions, date, load, median, spread and the 95% confidence
 interval of the mean; exits 1 when a median misses ``TARGET_S``.
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 TARGET_S = 5.0
 sys.path.insert(0, str(REPO / "tests"))
 
-from report_fixtures import RunSpec, write_run  # noqa: E402
+from support.report_fixtures import RunSpec, write_run  # noqa: E402
 
 from otel_train import semconv  # noqa: E402
 from otel_train.analysis.otlp import signal_files  # noqa: E402
@@ -163,7 +163,7 @@ def main() -> int:
         f"- machine: {machine()}; load average before: {os.getloadavg()[0]:.2f} "
         "(a shared development machine)", f"- versions: {versions()}",
         f"- data: {size / 1e6:.0f} MB of OTLP JSON lines, {spans:,} spans "
-        f"(tests/report_fixtures.py{f', written in {gen_s:.0f} s' if gen_s else ''})",
+        f"(tests/support/report_fixtures.py{f', written in {gen_s:.0f} s' if gen_s else ''})",
         "- each run in a fresh process; time is the command's work (report: both trace passes, "
         "metrics pass, HTML rendering; check: every span, metric point and log record)", "",
         f"- the traces files are read by {worker_count(run_dir)} worker processes "

@@ -171,7 +171,7 @@ LOG_REQUIRED_FIELDS = (LOG_TRACE_ID, LOG_SPAN_ID, LOG_RUN_ID, LOG_RANK, LOG_STEP
 SCOPE_NAME = "otel_train"
 #: the OpenTelemetry semantic conventions our resource and attribute names follow (the
 #: resource's and every scope's schema URL); a release of opentelemetry-semantic-conventions
-#: pinned by pyproject.toml lists it (tests/test_otel_conventions.py)
+#: pinned by pyproject.toml lists it (tests/sdk/test_otel_conventions.py)
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
 
 # --- files of a run directory ------------------------------------------------------------

@@ -3,7 +3,7 @@
 Private names move between torch releases. Each one otel-train needs is reached through a
 function here that says why no public API does the job, and that degrades (None, an empty
 result, a no-op) where the installed torch lacks it; callers then warn and go on without
-that part of the telemetry. :data:`PROBES` lists them, and ``tests/test_torch_compat.py``
+that part of the telemetry. :data:`PROBES` lists them, and ``tests/sdk/test_torch_compat.py``
 asserts each against the installed torch, so a release that moves one fails a test here
 rather than a run in the field.
 
@@ -206,7 +206,7 @@ def _c10d() -> Any:
     return dist.distributed_c10d
 
 
-#: name -> (why, whether the installed torch has it): tests/test_torch_compat.py asserts each
+#: name -> (why, whether the installed torch has it): tests/sdk/test_torch_compat.py asserts each
 PROBES: dict[str, tuple[str, Callable[[], bool]]] = {
     "dynamo_disable": ("keep C++ callbacks out of dynamo",
                        lambda: callable(getattr(dynamo_module(), "disable", None))),

@@ -1,6 +1,6 @@
 """Evaluate TrainingStragglerRank on a multi-GPU run's exported metrics, per mode: the files
 are replayed through the replay collector into a real Prometheus with prometheus/rules.yml
-(tests/alert_replay.py) and the alert's expression is queried there. Prints JSON.
+(tests/support/alert_replay.py) and the alert's expression is queried there. Prints JSON.
 
 Usage: ``python bench/multigpu/alert_eval.py DIR [MODE ...]`` (DIR from run.py --out; modes
 default to normal, straggler, straggler_gpu). Needs the collector (collector/build.sh) and
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "tests")]
-import alert_replay  # noqa: E402
+from support import alert_replay  # noqa: E402
 
 RECORDS = ("training_run_rank:collective_wait_caused:share_of_step5m",
            "training_run_rank:collective_duration_seconds:per_step5m",

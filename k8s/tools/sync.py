@@ -4,7 +4,7 @@ kustomize's load restrictor (LoadRestrictionsRootOnly) refuses files outside a
 kustomization's root, and it resolves symlinks before checking, so the manifests cannot point
 at collector/, prometheus/ or dashboards/ directly. This script makes byte-for-byte copies
 (plus one generated wrapper and one generated kustomization), and
-tests/test_k8s_sources.py proves the committed copies equal what this script would write:
+tests/k8s/test_k8s_sources.py proves the committed copies equal what this script would write:
 
     collector/configs/{agent,gateway}.yaml      -> k8s/base/collector/{agent,gateway}.yaml
     dashboards/json/*.json                      -> k8s/base/grafana/dashboards/*.json

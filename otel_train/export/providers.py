@@ -282,7 +282,7 @@ def _session_keeping_certificate(signal: str) -> Any:
     ``OTEL_EXPORTER_OTLP_[<SIGNAL>_]CERTIFICATE``: the exporter sets it as the session's
     ``verify``, and requests lets ``REQUESTS_CA_BUNDLE``/``CURL_CA_BUNDLE`` override a
     session's ``verify`` (psf/requests#3829), so TLS to the collector failed wherever those
-    are set (tests/test_readme_claims.py). None (the exporter's own session) without a
+    are set (tests/first_hour/test_readme_claims.py). None (the exporter's own session) without a
     certificate, or where a credential provider supplies the session."""
     certificate = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_CERTIFICATE")
                    or os.environ.get("OTEL_EXPORTER_OTLP_CERTIFICATE"))

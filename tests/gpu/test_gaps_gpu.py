@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 import gpu_training  # noqa: E402
-import otlp_files  # noqa: E402
+from support import otlp_files  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train import semconv as sc  # noqa: E402

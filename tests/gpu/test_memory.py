@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_training  # noqa: E402
-import otlp_files  # noqa: E402
+from support import otlp_files  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train import semconv  # noqa: E402

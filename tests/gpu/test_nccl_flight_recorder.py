@@ -36,8 +36,8 @@ def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_p
     import sys
 
     sys.path.insert(0, str(REPO / "tests"))
-    import otlp_files
     import torch.distributed as dist
+    from support import otlp_files
 
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")

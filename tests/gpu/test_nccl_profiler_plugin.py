@@ -85,7 +85,7 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("named_by", ["launcher", "instrument"])
 def test_every_nccl_collective_is_one_plugin_record_and_span(tmp_path, named_by):
     sys.path.insert(0, str(REPO / "tests"))
-    import otlp_files
+    from support import otlp_files
 
     from otel_train import nccl, semconv
 
@@ -152,7 +152,7 @@ def _one_rank(out, res, named_by):
     retire every operation before the flush, as test_nccl_flight_recorder does: then every
     collective is counted."""
     sys.path.insert(0, str(REPO / "tests"))
-    import otlp_files
+    from support import otlp_files
 
     from otel_train import semconv
 

@@ -57,7 +57,7 @@ print(json.dumps({"interval_s": ledger.shortest_interval_s, "lost": ledger.lost,
 
 def test_an_overflowing_ring_is_counted_never_a_stall(tmp_path):
     sys.path.insert(0, str(REPO / "tests"))
-    import otlp_files
+    from support import otlp_files
 
     from otel_train import semconv
 

@@ -1,0 +1,606 @@
+"""Every query of every dashboard (and every rule) parses, and returns series from a real Prometheus.
+
+- PromQL: parsed by Prometheus's own parser (``dashboards/tools/promqlcheck``, Go), then
+  evaluated by a real Prometheus (``/api/v1/query``), which must return series.
+- TraceQL and LogQL: parsed by the Lezer grammars Grafana's query editors use
+  (``dashboards/tools/querycheck``, Node): a syntax check, no Tempo or Loki runs here.
+- The Prometheus holds TEST SERIES: OpenMetrics written below (every series labelled
+  ``test_series="otel-train-dashboards-test"``), backfilled with ``promtool tsdb
+  create-blocks-from openmetrics``. They stand in for what a production cluster has and this
+  machine does not: cAdvisor's container_cpu_cfs_* series of Kubernetes pods, the
+  collector's otelcol_* series, collectives over many ranks, compiles, a straggler, a hung
+  and a stopped run. A live prometheus-client endpoint adds histogram exemplars, and
+  Prometheus scrapes itself (rule and exemplar-storage metrics). The real training metrics
+  of a demo run are checked in ``test_dashboards_demo.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from support import REPO_ROOT
+from support.binaries import require_binary
+from support.pipeline_fixtures import (
+    PROMETHEUS_DIR,
+    Prometheus,
+    free_port,
+    promtool_binary,
+    replace_job_targets,
+    wait_for,
+)
+
+DASHBOARDS_DIR = REPO_ROOT / "dashboards"
+sys.path.insert(0, str(DASHBOARDS_DIR))
+from otel_dashboards import checklist, queries  # noqa: E402
+
+TOOLS = DASHBOARDS_DIR / "tools"
+QUERIES = queries.queries()
+TEST_LABEL = 'test_series="otel-train-dashboards-test"'
+RUN_ID = "dash-test-run"
+RANKS = 4
+STRAGGLER = 3
+
+#: what Grafana would substitute, for the test series (rate interval: 4 x the 30 s spacing)
+VALUES = {
+    "run_id": RUN_ID,
+    "rank": ".*",
+    "world_size": str(RANKS),
+    "backend": ".*",
+    "namespace": ".*",
+    "pod": ".*",
+    "service": "otel-train",
+    "link_peak_gbps": "450",
+    "stall_threshold": "1s",
+    "rule_group": ".*;otel-train.alerts",
+    "__rate_interval": "2m",
+    "__interval": "30s",
+    "__range": "30m",
+}
+
+
+# --- parsing -----------------------------------------------------------------------------
+
+
+def _tool(path: Path, build: list[str], needs: str) -> None:
+    """Build a checker once when its toolchain is here (CI builds it beforehand)."""
+    if not path.exists() and require_binary(needs):
+        subprocess.run(build, cwd=path.parent, check=True, capture_output=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def promqlcheck() -> str:
+    default = TOOLS / "promqlcheck" / "promqlcheck"
+    if not default.exists():
+        _tool(default, [require_binary("go"), "build", "-o", "promqlcheck", "."], "go")
+    return require_binary("promqlcheck", "OTEL_TRAIN_PROMQLCHECK_BIN", default)
+
+
+@pytest.fixture(scope="module")
+def querycheck() -> list[str]:
+    node = require_binary("node")
+    modules = TOOLS / "querycheck" / "node_modules"
+    if not modules.exists():
+        _tool(modules, [require_binary("npm"), "ci", "--no-audit", "--no-fund"], "npm")
+    return [node, str(TOOLS / "querycheck" / "check.mjs")]
+
+
+def check(argv: list[str], items: list[dict]) -> dict[str, dict]:
+    result = subprocess.run(
+        argv, input=json.dumps(items), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode in (0, 1), result.stderr
+    return {r["id"]: r for r in json.loads(result.stdout)}
+
+
+def failures(results: dict[str, dict]) -> list[str]:
+    return [f"{rid}: {r['error']}" for rid, r in results.items() if not r["ok"]]
+
+
+def rule_expressions() -> list[tuple[str, str, bool]]:
+    """(name, expr, is_alert) of every rule in prometheus/rules.yml and kubernetes-mixin.yml."""
+    paths = [PROMETHEUS_DIR / name for name in ("rules.yml", "kubernetes-mixin.yml")]
+    groups = [g for path in paths if path.exists() for g in yaml.safe_load(path.read_text())["groups"]]
+    return [
+        (r.get("record") or r["alert"], r["expr"], "alert" in r) for g in groups for r in g["rules"]
+    ]
+
+
+def provisioning_queries() -> list[tuple[str, str, str]]:
+    """(id, lang, query) of the queries in the data source provisioning, interpolated."""
+    text = (DASHBOARDS_DIR / "provisioning" / "datasources" / "otel-train.yaml").read_text()
+    sources = {d["type"]: d for d in yaml.safe_load(text.replace("$$", "$"))["datasources"]}
+    tempo = sources["tempo"]["jsonData"]
+    found = [
+        (
+            f"tracesToMetrics / {q['name']}",
+            "promql",
+            q["query"].replace("$__tags", 'training_run_id="r", training_rank="0"'),
+        )
+        for q in tempo["tracesToMetrics"]["queries"]
+    ]
+    logs = tempo["tracesToLogsV2"]["query"]
+    for var, value in (
+        ('${__span.tags["service.name"]}', "otel-train"),
+        ("${__trace.traceId}", "58e63f1d1832e6ac1d749dac8ffd4b47"),
+        ("${__span.spanId}", "4172a57fe743ae2a"),
+    ):
+        logs = logs.replace(var, value)
+    found.append(("tracesToLogsV2", "logql", logs))
+    return found
+
+
+def all_promql() -> list[tuple[str, str]]:
+    found = [(q.id, queries.interpolate(q.text, VALUES)) for q in QUERIES if q.lang == "promql"]
+    for q in QUERIES:
+        if q.lang == "variable" and (inner := queries.variable_promql(q.text)):
+            found.append((q.id, queries.interpolate(inner, VALUES)))
+    found += [(f"rules.yml / {name}", expr) for name, expr, _ in rule_expressions()]
+    found += [(qid, text) for qid, lang, text in provisioning_queries() if lang == "promql"]
+    return found
+
+
+def test_every_promql_expression_parses(promqlcheck):
+    items = [{"id": qid, "expr": expr} for qid, expr in all_promql()]
+    assert len(items) > 60
+    results = check([promqlcheck], items)
+    assert failures(results) == []
+    # panel queries are vectors or scalars that Grafana can draw
+    assert {r["type"] for r in results.values()} <= {"vector", "scalar"}
+
+
+def test_every_traceql_and_logql_query_parses(querycheck):
+    items = [
+        {"id": q.id, "lang": q.lang, "query": queries.interpolate(q.text, VALUES)}
+        for q in QUERIES
+        if q.lang in ("traceql", "logql")
+    ]
+    items += [
+        {"id": qid, "lang": lang, "query": text}
+        for qid, lang, text in provisioning_queries()
+        if lang == "logql"
+    ]
+    assert {i["lang"] for i in items} == {"traceql", "logql"} and len(items) > 10
+    assert failures(check(querycheck, items)) == []
+
+
+def test_the_parsers_reject_broken_queries(promqlcheck, querycheck):
+    broken = check(
+        [promqlcheck],
+        [
+            {"id": "unclosed", "expr": "sum(rate(x[5m])"},
+            {"id": "bad by", "expr": "histogram_quantile(0.9, sum by le (x))"},
+        ],
+    )
+    assert not any(r["ok"] for r in broken.values())
+    broken = check(
+        querycheck,
+        [
+            {"id": "traceql", "lang": "traceql", "query": '{ name = = "train.step" }'},
+            {"id": "logql", "lang": "logql", "query": '{service_name="x" | json'},
+        ],
+    )
+    assert not any(r["ok"] for r in broken.values())
+
+
+# --- test series -------------------------------------------------------------------------
+
+BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+PHASE_SHARE = {
+    "data_wait": 0.08,
+    "forward": 0.3,
+    "backward": 0.4,
+    "optimizer": 0.1,
+    "exposed_comm": 0.1,
+    "compile": 0.02,
+}
+OPS = {"all_reduce": 0.02, "all_gather": 0.008, "reduce_scatter": 0.012}
+TICK = 30  # seconds between samples
+
+
+@dataclass
+class Series:
+    """Cumulative state of one OpenMetrics family's series, sampled every tick."""
+
+    kind: str  # histogram | counter | gauge
+    name: str
+    lines: dict[str, list[str]]
+
+    @classmethod
+    def new(cls, kind: str, name: str) -> Series:
+        return cls(kind, name, {})
+
+    def add(self, labels: str, sample: str, value: float, t: float) -> None:
+        self.lines.setdefault(f"{sample}{{{labels}}}", []).append(
+            f"{sample}{{{labels}}} {value:.6g} {t:.3f}"
+        )
+
+
+class Families:
+    def __init__(self) -> None:
+        self.families: dict[str, Series] = {}
+        self.state: dict[tuple, list[float]] = {}
+
+    def _family(self, kind: str, name: str) -> Series:
+        return self.families.setdefault(name, Series.new(kind, name))
+
+    def histogram(self, name: str, labels: str, t: float, observations: list[float]) -> None:
+        family = self._family("histogram", name)
+        state = self.state.setdefault((name, labels), [0.0] * (len(BUCKETS) + 3))
+        for value in observations:
+            for i, bound in enumerate(BUCKETS):
+                state[i] += value <= bound
+            state[len(BUCKETS)] += 1  # +Inf
+            state[len(BUCKETS) + 1] += 1  # count
+            state[len(BUCKETS) + 2] += value  # sum
+        for i, bound in enumerate((*BUCKETS, math.inf)):
+            le = "+Inf" if bound == math.inf else f"{bound}"
+            family.add(f'{labels},le="{le}"', f"{name}_bucket", state[i], t)
+        family.add(labels, f"{name}_count", state[len(BUCKETS) + 1], t)
+        family.add(labels, f"{name}_sum", state[len(BUCKETS) + 2], t)
+
+    def counter(self, name: str, labels: str, t: float, increment: float) -> None:
+        state = self.state.setdefault((name, labels), [0.0])
+        state[0] += increment
+        self._family("counter", name).add(labels, f"{name}_total", state[0], t)
+
+    def gauge(self, name: str, labels: str, t: float, value: float) -> None:
+        self._family("gauge", name).add(labels, name, value, t)
+
+    def openmetrics(self) -> str:
+        out = []  # OpenMetrics has no free comments: HELP says what these are
+        for family in self.families.values():
+            out.append(f"# TYPE {family.name} {family.kind}")
+            out.append(
+                f"# HELP {family.name} Test series of tests/dashboards/test_dashboards_queries.py, not real telemetry."
+            )
+            for series_lines in family.lines.values():
+                out.extend(series_lines)
+        out.append("# EOF")
+        return "\n".join(out) + "\n"
+
+
+def rank_labels(run: str, rank: int) -> str:
+    return f'{TEST_LABEL},training_run_id="{run}",training_rank="{rank}"'
+
+
+def simulate_rank(
+    f: Families, rng: random.Random, run: str, rank: int, t: float, minutes_left: float
+) -> None:
+    labels = rank_labels(run, rank)
+    step_mean = 0.5 * (1.6 if rank == STRAGGLER else 1.0)
+    steps = [rng.lognormvariate(math.log(step_mean), 0.15) for _ in range(int(TICK / step_mean))]
+    f.histogram("training_step_duration_seconds", labels, t, steps)
+    for phase, share in PHASE_SHARE.items():
+        if rank == STRAGGLER and phase == "data_wait":
+            share = 0.35  # the straggler starves: its DataLoader workers are throttled
+        if rank == 2 and phase == "exposed_comm":
+            share = 0.2  # rank 2 hides little of its communication (overlap 0.3 below)
+        f.histogram(
+            "training_phase_duration_seconds",
+            f'{labels},training_phase="{phase}"',
+            t,
+            [s * share for s in steps],
+        )
+    f.counter("training_samples", labels, t, 32 * len(steps))
+    f.counter("training_tokens", labels, t, 32 * 2048 * len(steps))
+    # Synchronous training: the others wait for the straggler inside their collectives, and
+    # the straggler, arriving last, hardly waits: its collective seconds per step are a quarter
+    # of theirs (the share of a step the others lose to it comes out near 0.25).
+    arrives_last = 0.25 if rank == STRAGGLER else 1.0
+    for op, mean in OPS.items():
+        durations = [
+            arrives_last * rng.lognormvariate(math.log(mean), 0.3) for _ in range(4 * len(steps))
+        ]
+        if op == "all_reduce" and rank == 2 and minutes_left < 1:
+            durations.append(75.0)  # a stalled all_reduce in the last minute
+        if op == "reduce_scatter" and rank == 2 and minutes_left < 5:
+            durations += [15.0] * 30  # and slow reduce_scatters: p99 above 10 s
+        op_labels = f'{labels},collective_op="{op}",collective_backend="nccl"'
+        f.histogram("training_collective_duration_seconds", op_labels, t, durations)
+        f.counter(
+            "training_collective_size_bytes",
+            f'{labels},collective_op="{op}"',
+            t,
+            len(durations) * 64 * 2**20,
+        )
+    f.gauge("training_comm_overlap_ratio", labels, t, 0.3 if rank == 2 else 0.85)
+    f.gauge("training_mfu_ratio", labels, t, 0.25 if rank == STRAGGLER else 0.42)
+    f.gauge("training_memory_allocated_peak_bytes", labels, t, (60 + rank) * 2**30)
+    f.gauge("training_memory_reserved_bytes", labels, t, (70 + rank) * 2**30)
+    storm = rank == 0  # rank 0 recompiles every tick: a recompile storm
+    f.histogram(
+        "training_compile_duration_seconds", labels, t, [rng.uniform(2, 8)] if storm else []
+    )
+    f.counter(
+        "training_compile_graph_breaks",
+        f'{labels},compile_reason="data_dependent_branch"',
+        t,
+        1 if storm else 0,
+    )
+    f.counter(
+        "training_compile_recompiles",
+        f'{labels},compile_reason="guard_failed_shape"',
+        t,
+        2 if storm else 0,
+    )
+    f.counter(
+        "training_compile_recompiles",
+        f'{labels},compile_reason="cache_size_limit"',
+        t,
+        1 if storm else 0,
+    )
+    f.counter(
+        "training_cpu_throttled_time_seconds",
+        labels,
+        t,
+        TICK * (0.5 if rank == STRAGGLER else 0.01),
+    )
+    f.counter("otel_train_telemetry_dropped", f'{labels},signal="spans"', t, 3 if rank == 1 else 0)
+
+
+def write_test_series(end: float) -> str:
+    """30 minutes of a 4-rank run with a straggler, a hung run, a run with a stopped rank,
+    cAdvisor and collector (failing sends, a full queue, refused data)."""
+    rng = random.Random(7)
+    f = Families()
+    ticks = [end - TICK * i for i in range(60, -1, -1)]
+    for t in ticks:
+        minutes_left = (end - t) / 60
+        for rank in range(RANKS):
+            simulate_rank(f, rng, RUN_ID, rank, t, minutes_left)
+            pod = f'{TEST_LABEL},namespace="otel-train-dashboards-test",pod="dash-test-trainer-{rank}",container="trainer"'
+            f.counter("container_cpu_cfs_periods", pod, t, TICK * 10)
+            f.counter(
+                "container_cpu_cfs_throttled_periods",
+                pod,
+                t,
+                TICK * 10 * (0.6 if rank == STRAGGLER else 0.02),
+            )
+        for rank in range(2):  # a hung run: still reporting, no step for the last 20 minutes
+            steps = [0.5] * 60 if minutes_left > 20 else []
+            f.histogram(
+                "training_step_duration_seconds", rank_labels("dash-test-hung", rank), t, steps
+            )
+        for rank in range(2):  # a run whose rank 1 stopped reporting 10 minutes ago
+            if rank == 0 or minutes_left > 10:
+                f.histogram(
+                    "training_step_duration_seconds",
+                    rank_labels("dash-test-stopped", rank),
+                    t,
+                    [0.5] * 60,
+                )
+        collector = f'{TEST_LABEL},job="otelcol",instance="collector-test:8888"'
+        f.counter(
+            "otelcol_exporter_send_failed_spans",
+            f'{collector},exporter="otlp_grpc/tempo"',
+            t,
+            5,
+        )
+        # the Tempo exporter's queue nearly full, and the receiver refusing spans
+        queue = f'{collector},exporter="otlp_grpc/tempo",data_type="traces"'
+        f.gauge("otelcol_exporter_queue_size", queue, t, 4900)
+        f.gauge("otelcol_exporter_queue_capacity", queue, t, 5000)
+        f.counter(
+            "otelcol_receiver_refused_spans",
+            f'{collector},receiver="otlp",transport="grpc"',
+            t,
+            50,
+        )
+    return f.openmetrics()
+
+
+# --- a real Prometheus over the test series ----------------------------------------------
+
+
+class DashboardPrometheus(Prometheus):
+    """The repo's prometheus.yml, rules.yml and kubernetes-mixin.yml; its self-scrape job (rule
+    and exemplar metrics) pointed at this instance's port."""
+
+    def write_config(self) -> Path:
+        path = super().write_config()
+        # prometheus.yml also loads the kubernetes-mixin's CPUThrottlingHigh (the checklist's
+        # throttling alert): put it beside rules.yml
+        shutil.copy(PROMETHEUS_DIR / "kubernetes-mixin.yml", path.parent / "kubernetes-mixin.yml")
+        jobs = [job["job_name"] for job in yaml.safe_load(path.read_text())["scrape_configs"]]
+        assert "prometheus" in jobs, jobs
+        path.write_text(replace_job_targets(path.read_text(), "prometheus",
+                                            [f"127.0.0.1:{self.port}"]))
+        return path
+
+
+def exemplar_endpoint() -> tuple[int, object]:
+    """A live prometheus-client endpoint with a step histogram carrying trace exemplars."""
+    from prometheus_client import CollectorRegistry, Histogram, start_http_server
+
+    registry = CollectorRegistry()
+    step = Histogram(
+        "training_step_duration_seconds",
+        "Test series: step time with exemplars.",
+        ["training_rank", "training_run_id", "test_series"],
+        registry=registry,
+        buckets=BUCKETS,
+    )
+    for i, seconds in enumerate(BUCKETS):  # one exemplar per bucket (the client keeps the last)
+        step.labels("0", "dash-test-live", "otel-train-dashboards-test").observe(
+            seconds, {"trace_id": f"{i + 1:032x}", "span_id": f"{i + 1:016x}"}
+        )
+    port = free_port()
+    server, _thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    return port, server
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory) -> Iterator[Prometheus]:
+    promtool = promtool_binary()
+    workdir = tmp_path_factory.mktemp("dash-prometheus")
+    series = workdir / "test-series.om.txt"
+    series.write_text(write_test_series(end=time.time() - 5))
+    data = workdir / "prometheus" / "data"
+    data.mkdir(parents=True)
+    subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(series), str(data)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    port, exporter = exemplar_endpoint()
+    server = DashboardPrometheus(
+        workdir,
+        {"otel-train-ranks": [f"127.0.0.1:{port}"], "otel-train-collector": [], "otelcol": []},
+    )
+    try:
+        server.start()
+        wait_for(
+            "exemplars scraped, rules evaluated, self-scrape",
+            lambda: (
+                server.query(f'ALERTS{{alertname="{checklist.ALERT_THROTTLING}"}}')
+                # the recording group has run (the throttling alert does not read it)
+                and server.query("training_run_rank:collective_wait_caused:share_of_step5m")
+                and server.query("prometheus_tsdb_exemplar_exemplars_in_storage > 0")
+                and server.query("prometheus_rule_group_rules")
+            ),
+            timeout=150,
+            interval=1,
+            on_timeout=server.log_tail,
+        )
+        yield server
+    finally:
+        server.kill()
+        exporter.shutdown()
+
+
+def evaluate(server: Prometheus, expr: str) -> list[dict]:
+    return server.query(expr)
+
+
+def test_the_test_series_are_loaded_and_labelled_as_such(prometheus):
+    loaded = evaluate(
+        prometheus,
+        'count by (training_run_id) (count_over_time(training_step_duration_seconds_count{test_series!=""}[30m]))',
+    )
+    assert {r["metric"]["training_run_id"] for r in loaded} >= {
+        RUN_ID,
+        "dash-test-hung",
+        "dash-test-stopped",
+    }
+    assert evaluate(prometheus, 'count(container_cpu_cfs_periods_total{test_series=""})') == []
+
+
+def test_every_dashboard_promql_returns_series(prometheus):
+    empty = [
+        qid
+        for qid, expr in all_promql()
+        if not qid.startswith(("rules.yml", "tracesToMetrics")) and not evaluate(prometheus, expr)
+    ]
+    assert empty == []
+
+
+def test_every_rule_returns_series(prometheus):
+    rules = rule_expressions()
+    assert rules, "prometheus/rules.yml holds no rules"
+
+    def all_answer() -> list[str] | bool:
+        missing = [name for name, expr, _ in rules if not evaluate(prometheus, expr)]
+        return not missing or missing
+
+    # recording rules feed alerts: give the 30 s recording group time for two evaluations
+    deadline = time.monotonic() + 90
+    missing = all_answer()
+    while missing is not True and time.monotonic() < deadline:
+        time.sleep(2)
+        missing = all_answer()
+    assert missing is True, f"rules returning no series: {missing}"
+
+
+def test_provisioned_trace_to_metrics_queries_return_series(prometheus):
+    for qid, lang, text in provisioning_queries():
+        if lang == "promql":
+            text = text.replace(
+                'training_run_id="r", training_rank="0"',
+                f'training_run_id="{RUN_ID}", training_rank="0"',
+            )
+            assert evaluate(prometheus, text), qid
+
+
+def verdict(server: Prometheus, title: str) -> float:
+    board = queries.dashboards()["production-readiness.json"]
+    panel = next(p for p in queries.panels(board) if p["title"].startswith(title))
+    result = evaluate(server, queries.interpolate(panel["targets"][0]["expr"], VALUES))
+    assert len(result) == 1, (title, result)
+    return float(result[0]["value"][1])
+
+
+def test_checklist_verdicts_follow_the_live_data(prometheus):
+    assert verdict(prometheus, "Exemplars stored") == 1
+    assert verdict(prometheus, "Throttling alert rules loaded") == 1
+    assert verdict(prometheus, "cAdvisor throttling series present") == 1
+    assert verdict(prometheus, "Per-rank cgroup throttling measured") == 1
+    assert verdict(prometheus, "Ranks reporting steps") == RANKS
+    assert verdict(prometheus, "No straggler") == 0  # rank 3: 1.6x the median, others wait
+    assert verdict(prometheus, "Telemetry pipeline dropped nothing") == 0  # rank 1 drops spans
+    assert verdict(prometheus, "Recompiles over the range") > 10  # rank 0's storm
+    assert verdict(prometheus, "Throttling alert state") >= 1  # pending (for: 15m) or firing
+
+
+def per_rank(server: Prometheus, dashboard: str, title: str) -> dict[int, float]:
+    """The latest value per rank of a per-rank panel's query (its first target)."""
+    panel = next(p for p in queries.panels(queries.dashboards()[dashboard]) if p["title"] == title)
+    result = evaluate(server, queries.interpolate(panel["targets"][0]["expr"], VALUES))
+    return {int(r["metric"]["training_rank"]): float(r["value"][1]) for r in result}
+
+
+def test_the_straggler_is_named_by_the_wait_it_causes(prometheus):
+    board = "ranks-and-stragglers.json"
+    wait = per_rank(prometheus, board, "Others wait for this rank (share of step)")
+    collective = per_rank(prometheus, board, "Collective seconds per step")
+    assert set(wait) == set(collective) == set(range(RANKS))
+    assert max(wait, key=wait.get) == STRAGGLER and wait[STRAGGLER] > checklist.WAIT_LIMIT, wait
+    assert min(collective, key=collective.get) == STRAGGLER, collective
+
+
+def test_either_straggler_signal_alone_fails_the_checklist(prometheus):
+    """The straggler verdict fails on step-time skew and on collective wait, each on its own."""
+    skew = f"< bool {checklist.SKEW_LIMIT}"
+    wait = f"<= bool {checklist.WAIT_LIMIT}"
+    board = queries.dashboards()["production-readiness.json"]
+    panel = next(p for p in queries.panels(board) if p["title"].startswith("No straggler"))
+    expr = queries.interpolate(panel["targets"][0]["expr"], VALUES)
+    assert expr.count(skew) == expr.count(wait) == 1
+    for limit, lenient in ((skew, "< bool 100"), (wait, "<= bool 100")):
+        result = evaluate(prometheus, expr.replace(limit, lenient))
+        assert [float(r["value"][1]) for r in result] == [0], (limit, result)
+    result = evaluate(prometheus, expr.replace(skew, "< bool 100").replace(wait, "<= bool 100"))
+    assert [float(r["value"][1]) for r in result] == [1], result  # negative control
+
+
+def test_checklist_alert_names_are_rules_prometheus_loaded(prometheus):
+    loaded = {
+        rule["name"]
+        for group in prometheus.api("rules")["groups"]
+        for rule in group["rules"]
+        if rule["type"] == "alerting"
+    }
+    assert set(checklist.ALERT_NAMES) <= loaded
+
+
+def test_exemplars_carry_trace_ids(prometheus):
+    now = time.time()
+    found = prometheus.api(
+        "query_exemplars",
+        query="training_step_duration_seconds_bucket",
+        start=str(now - 600),
+        end=str(now),
+    )
+    trace_ids = {e["labels"]["trace_id"] for series in found for e in series["exemplars"]}
+    assert trace_ids == {f"{i + 1:032x}" for i in range(len(BUCKETS))}

@@ -1,0 +1,152 @@
+"""The overhead benchmarks' statistics, and the CPU collective benchmark end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "bench"))
+
+import overhead_stats as stats  # noqa: E402
+
+
+def _rounds(slowdown: float, noise: float, n: int = 40, seed: int = 1
+            ) -> tuple[list[float], list[float]]:
+    """Paired rounds whose bare arm drifts a lot between rounds and whose pair shares it."""
+    rng = random.Random(seed)
+    bare, inst = [], []
+    for _ in range(n):
+        drift = 20.0 * (1 + rng.uniform(-0.1, 0.1))  # ±10% between rounds, like a real machine
+        bare.append(drift * (1 + rng.gauss(0, noise)))
+        inst.append(drift * slowdown * (1 + rng.gauss(0, noise)))
+    return bare, inst
+
+
+def test_a_known_one_percent_slowdown_is_resolved() -> None:
+    r = stats.paired_ratio(*_rounds(1.01, 0.002))
+    assert r.contains(1.01)
+    assert not r.contains(1.0)
+    assert r.ci_low > 1.0 and r.half_width < 0.005
+
+
+def test_identical_arms_give_an_interval_around_one() -> None:
+    bare, _ = _rounds(1.0, 0.002)
+    r = stats.paired_ratio(bare, list(bare))
+    assert r.contains(1.0)
+    assert r.median_ratio == 1.0 and r.ratio_of_medians == 1.0
+
+
+def test_equal_arms_with_noise_give_an_interval_containing_one() -> None:
+    r = stats.paired_ratio(*_rounds(1.0, 0.01))
+    assert r.contains(1.0)
+    assert r.ci_low < 1.0 < r.ci_high
+
+
+def test_the_bootstrap_is_reproducible() -> None:
+    bare, inst = _rounds(1.02, 0.01)
+    assert stats.paired_ratio(bare, inst) == stats.paired_ratio(bare, inst)
+
+
+def test_pairing_cancels_drift_that_unpaired_spread_would_show() -> None:
+    r = stats.paired_ratio(*_rounds(1.01, 0.001))
+    # the bare arm alone varies by ~10%, yet the paired interval is far narrower
+    assert r.bare.cv > 0.03
+    assert r.half_width < 0.002
+
+
+def test_paired_difference_resolves_a_known_added_cost() -> None:
+    bare, _ = _rounds(1.0, 0.001)
+    inst = [b + 0.25 + 0.01 * ((i % 5) - 2) for i, b in enumerate(bare)]
+    d = stats.paired_difference(bare, inst)
+    assert d.contains(0.25) and not d.contains(0.0)
+    assert stats.paired_difference(bare, list(bare)).contains(0.0)
+
+
+def test_paired_ratio_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="differ in length"):
+        stats.paired_ratio([1.0, 2.0], [1.0])
+    with pytest.raises(ValueError, match="no values"):
+        stats.paired_ratio([], [])
+    with pytest.raises(ValueError, match="positive"):
+        stats.paired_ratio([0.0], [1.0])
+    with pytest.raises(ValueError, match="finite"):
+        stats.paired_ratio([1.0], [math.nan])
+
+
+def test_summary_of_the_bare_arm() -> None:
+    s = stats.summarize([float(v) for v in range(1, 101)])
+    assert s.n == 100 and s.median == 50.5 and s.max == 100 and s.min == 1
+    assert s.spread == (1, 100)
+    assert s.p99 == pytest.approx(99.01)
+    assert s.cv == pytest.approx(29.01 / 50.5, rel=1e-3)
+    assert stats.summarize([3.0]).cv == 0.0
+
+
+def test_length_difference_cancels_fixed_costs() -> None:
+    fixed, per_step = 0.7, 0.002
+    assert stats.length_difference(fixed + 20 * per_step, fixed + 80 * per_step, 20, 80) == \
+        pytest.approx(per_step)
+    with pytest.raises(ValueError):
+        stats.length_difference(1.0, 2.0, 80, 20)
+
+
+def test_verdict_lists_missed_and_unmeasured_targets() -> None:
+    targets = [stats.Target("cpu_us", "<", 250, "CPU per step", "us"),
+               stats.Target("ratio", "<=", 1.005)]
+    assert stats.verdict({"cpu_us": 100.0, "ratio": 1.005}, targets) == []
+    missed = stats.verdict({"cpu_us": 250.0, "ratio": 1.004}, targets)
+    assert missed == ["CPU per step < 250 us: measured 250"]
+    missed = stats.verdict({"cpu_us": math.nan}, targets)
+    assert [m.split(":")[1].strip() for m in missed] == ["not measured", "not measured"]
+    with pytest.raises(ValueError):
+        stats.Target("x", "=", 1)
+
+
+def test_environment_table_names_machine_versions_and_date() -> None:
+    text = stats.environment_markdown()
+    for key in ("platform", "cpu_count", "python", "torch", "opentelemetry-sdk", "commit",
+                "date"):
+        assert f"| {key} |" in text
+    assert stats.markdown_table(["a"], [["x|y"]]).splitlines()[-1] == "| x\\|y |"
+
+
+@pytest.mark.slow
+def test_cpu_benchmark_quick_run_measures_and_judges_itself(tmp_path: Path) -> None:
+    out_json = tmp_path / "overhead.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_"))}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_overhead_cpu.py"), "--quick",
+         "--json", str(out_json)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert out_json.exists(), proc.stderr[-4000:]
+    report = json.loads(out_json.read_text())
+    for key in ("environment", "plan", "figures", "verdict", "ranks", "ranks_raw"):
+        assert key in report
+    figures = report["figures"]
+    assert figures["collectives_per_step"] >= 8
+    assert len(report["ranks"]) == 2
+    for rank in report["ranks"]:
+        arm = rank["arms"]["instrumented"]
+        assert rank["bare"]["cpu_per_step_us"]["median"] > 0  # it measured a real step
+        assert len(arm["cpu_added_per_step_us"]["values"]) == report["plan"]["repeats"]
+        assert arm["ratio"]["rounds"] == report["plan"]["rounds"]
+        assert arm["ratio"]["ci_low"] <= arm["ratio"]["median_ratio"] <= arm["ratio"]["ci_high"]
+        assert arm["threads_added_per_step_us"]
+        assert math.isfinite(arm["own_threads_cpu_per_step_us"]["median"])
+        in_block = arm["in_block_cpu_added_per_step_us"]
+        assert in_block["ci_low"] <= in_block["median"] <= in_block["ci_high"]
+    assert all(math.isfinite(v) for v in figures.values())
+    # the benchmark's verdict follows from its own numbers, and its exit status from the verdict
+    targets = [stats.Target(**t) for t in report["verdict"]["target_specs"]]
+    assert targets
+    missed = stats.verdict(figures, targets)
+    assert report["verdict"]["missed"] == missed
+    assert proc.returncode == (1 if missed else 0), proc.stderr[-4000:]

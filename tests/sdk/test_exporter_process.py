@@ -1,0 +1,150 @@
+"""The exporter process: spans, metrics and logs leave the training process as tuples and are
+built, encoded and exported by a spawned process per rank (docs/overhead.md).
+
+Faults here are real: the exporter is killed with SIGKILL, the training process is killed
+with SIGKILL; nothing is simulated.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from support import otlp_files, training
+
+import otel_train
+from otel_train import semconv
+from otel_train.config import ConfigWarning
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes (its parent has not reaped it yet)
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+def test_the_exporter_is_a_separate_process_that_imports_no_torch(tmp_path):
+    model, opt, loader = training.setup(batches=3)
+    with otel_train.instrument(model, output_dir=tmp_path) as inst:
+        pid = inst._pipeline.pid
+        assert pid is not None and pid != os.getpid()
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        training.train(model, opt, loader)
+    assert "libtorch" not in maps  # a fresh interpreter, not a fork of this one
+    assert _wait_gone(pid, 5.0), "the exporter ends with the run"
+    names = {s["name"] for s in otlp_files.spans(otlp_files.only_run_dir(tmp_path))}
+    assert semconv.SPAN_RANK_STEP in names and semconv.SPAN_RUN in names
+
+
+def test_a_killed_exporter_is_replaced_and_training_goes_on(tmp_path):
+    model, opt, loader = training.setup(batches=12)
+    it = iter(loader)
+    with otel_train.instrument(model, output_dir=tmp_path, emit_interval_s=0.05) as inst:
+        pipeline = inst._pipeline
+        first = pipeline.pid
+        for _ in range(4):
+            training.one_step(model, opt, next(it))
+        os.kill(first, signal.SIGKILL)
+        assert _wait_gone(first, 5.0)
+        training.one_step(model, opt, next(it))  # its telemetry finds the exporter gone
+        # the emitter finds the exporter gone at its next send and starts another
+        deadline = time.monotonic() + 10
+        while pipeline.pid in (None, first) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pipeline.restarts == 1 and pipeline.pid not in (None, first)
+        steps = 5
+        for batch in it:  # training never stopped; what follows goes to the new exporter
+            training.one_step(model, opt, batch)
+            steps += 1
+        assert steps == 12
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    # the replacement exported what came after it: the run span is built at the very end
+    assert any(s["name"] == semconv.SPAN_RUN for s in spans)
+    assert max(s["attrs"][semconv.ATTR_STEP] for s in spans
+               if s["name"] == semconv.SPAN_RANK_STEP) == 11
+    # nothing lost uncounted: the killed exporter's unexported part is dropped, exactly
+    accounts = inst.telemetry
+    for sig in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
+        assert accounts["produced"][sig] == (
+            accounts["exported"][sig] + accounts["dropped"][sig]), accounts
+    # what the killed exporter never applied (unacknowledged batches) is dropped before its
+    # SDK, what it applied and had not exported would be dropped in its accounts
+    assert inst.dropped[semconv.SIGNAL_SPANS] > accounts["dropped"][semconv.SIGNAL_SPANS]
+    # what the files hold: at least what was confirmed, at most what was produced
+    assert accounts["exported"][semconv.SIGNAL_SPANS] <= len(spans) \
+        <= accounts["produced"][semconv.SIGNAL_SPANS]
+
+
+def test_an_exporter_that_cannot_start_leaves_export_in_process(tmp_path, monkeypatch):
+    # A fault we cannot cause for real without breaking the interpreter itself: the exporter
+    # process failing to start. Stand in for it with an interpreter path that does not exist.
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-such-python"))
+    model, opt, loader = training.setup(batches=3)
+    with pytest.warns(ConfigWarning, match="exporting from the training process"):
+        with otel_train.instrument(model, output_dir=tmp_path / "out") as inst:
+            assert inst._pipeline.__class__.__name__ == "Pipeline"
+            assert training.train(model, opt, loader) == 3
+    names = {s["name"] for s in otlp_files.spans(otlp_files.only_run_dir(tmp_path / "out"))}
+    assert semconv.SPAN_RUN in names
+
+
+_SIGKILLED_TRAINER = textwrap.dedent("""
+    import os, signal, sys, time
+    from support import training, otel_train
+    model, opt, loader = training.setup(batches=1000)
+    with otel_train.instrument(model, output_dir=sys.argv[1], emit_interval_s=0.05) as inst:
+        print(inst._pipeline.pid, flush=True)
+        for i, batch in enumerate(loader):
+            training.one_step(model, opt, batch)
+            if i == 5:
+                time.sleep(0.5)  # ten drains (emit_interval_s) have reached the exporter
+                os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def test_the_exporter_never_outlives_a_sigkilled_training_process(tmp_path):
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S": "3"}
+    # files, not pipes: an exporter that outlived the trainer would hold a pipe open and
+    # hang this test instead of failing it
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.run([sys.executable, "-c", _SIGKILLED_TRAINER, str(tmp_path)],
+                              env=env, stdout=stdout, stderr=stderr, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, err.read_text()[-2000:]
+    exporter = int(out.read_text().split()[0])
+    # the socket closed with the trainer: the exporter flushes within the bound and ends
+    gone = _wait_gone(exporter, 3 + 5)
+    if not gone:
+        os.kill(exporter, signal.SIGKILL)  # leave nothing behind, then fail
+    assert gone, "the exporter outlived its training process"
+    assert (set(os.listdir("/dev/shm")) if shm_before or os.path.isdir("/dev/shm")
+            else set()) <= shm_before, "shared memory left behind"
+    # what reached it before the kill was flushed, not lost
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    assert {s["attrs"][semconv.ATTR_STEP] for s in spans
+            if s["name"] == semconv.SPAN_RANK_STEP} >= {0, 1, 2}
