@@ -10,6 +10,10 @@ Two measurements:
    wall time per step and the training thread's CPU time per step (``thread_time_ns``,
    which leaves out the emitter thread's work and time spent waiting for the GIL).
 
+Targets (issue 15): training-thread time <= 20 us a step (the median of the blocks' paired
+differences, with its 95% bootstrap CI) and <= 1 us a record. Exits non-zero when one is
+missed (``--no-verdict`` to only report).
+
 Usage: ``python bench/bench_hot_path.py [--blocks 10] [--steps 200] [--out FILE.md]``
 """
 
@@ -20,6 +24,7 @@ import datetime
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import timeit
@@ -34,6 +39,12 @@ import otel_train
 from otel_train import semconv
 from otel_train.recorder import Recorder
 from otel_train.tracker import StepTracker
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead_stats as stats  # noqa: E402
+
+TARGETS = [stats.Target("step_cpu_us", "<=", 20.0, "added training-thread CPU a step", "us"),
+           stats.Target("record_ns", "<=", 1000.0, "one record (phase begin+end)", "ns")]
 
 
 def per_record_ns(repeat: int = 7, number: int = 200_000) -> list[float]:
@@ -97,18 +108,25 @@ def _fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} (IQR {q[0]:.2f}–{q[2]:.2f})"
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--no-verdict", action="store_true")
     args = parser.parse_args()
+    if args.blocks < 2 or args.steps < 1:
+        parser.error("--blocks must be at least 2 and --steps positive")
     record = per_record_ns()
     with tempfile.TemporaryDirectory() as tmp:
         steps = per_step(args.blocks, args.steps, Path(tmp))
     over_wall = [i - b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
     over_cpu = [i - b for i, b in zip(steps["inst_cpu"], steps["bare_cpu"])]
     ratio = [i / b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
+    cpu = stats.paired_difference(steps["bare_cpu"], steps["inst_cpu"])
+    wall = stats.paired_ratio(steps["bare_wall"], steps["inst_wall"])
+    missed = stats.verdict({"step_cpu_us": cpu.median, "record_ns": statistics.median(record)},
+                           TARGETS)
     lines = [
         "# Hot-path benchmark: training-thread cost of instrumentation",
         "",
@@ -129,14 +147,21 @@ def main() -> None:
         f"| added training-thread CPU time per step, µs | {_fmt(over_cpu)} |",
         f"| step-time ratio instrumented/bare | {_fmt(ratio)} |",
         "",
-        "Target (issue 2): under 50 µs of training-thread time per step at default settings.",
+        f"Added training-thread CPU a step: median {cpu.median:.2f} µs, 95% CI "
+        f"[{cpu.ci_low:.2f}, {cpu.ci_high:.2f}] (bootstrap over {cpu.rounds} paired blocks); "
+        f"step-time ratio {wall.median_ratio:.3f} [{wall.ci_low:.3f}, {wall.ci_high:.3f}].",
+        "",
+        "Targets (issue 15): " + "; ".join(t.describe() for t in TARGETS) + ".",
+        "",
+        "verdict: " + ("; ".join(missed) if missed else "all targets met"),
     ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(text)
+    return 1 if missed and not args.no_verdict else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 EXPORTERS = ("auto", "otlp", "file", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
-COLLECTIVE_SPANS = ("all", "summary")
+COLLECTIVE_SPANS = ("auto", "all", "summary")
 _SAMPLERS = (
     "always_on",
     "always_off",
@@ -98,8 +98,12 @@ class Config:
     #: how often the NCCL flight recorder is read (a whole-buffer dump: keep it rare)
     nccl_harvest_interval_s: float = 5.0
     #: "all": a span per collective of a sampled step; "summary": one per (phase, op, group)
-    #: of a step, plus the stalled, failed, unfinished and slow ones on their own
-    collective_spans: str = "all"
+    #: of a step, plus the stalled, failed, unfinished and slow ones on their own; "auto":
+    #: "all" while the rank's collective spans stay within collective_span_rate a second,
+    #: the step summarised past it (docs/collectives.md, "The span policy")
+    collective_spans: str = "auto"
+    #: own collective spans a second per rank that "auto" allows (a second's worth at once)
+    collective_span_rate: float = 2000.0
     #: build, encode and export spans, metric points and logs in a separate exporter process
     #: (spawned, never forked) so that none of that work holds the training process's
     #: interpreter; False: on a thread of the training process (docs/overhead.md)
@@ -254,6 +258,9 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
         "collective_spans": _parse(env, "OTEL_TRAIN_COLLECTIVE_SPANS",
                                    _choice(COLLECTIVE_SPANS), d.collective_spans,
                                    f"one of {', '.join(COLLECTIVE_SPANS)}"),
+        "collective_span_rate": _parse(env, "OTEL_TRAIN_COLLECTIVE_SPAN_RATE",
+                                       _positive_float, d.collective_span_rate,
+                                       "a positive number of spans a second"),
         "export_process": _parse(env, "OTEL_TRAIN_EXPORT_PROCESS", _bool, d.export_process,
                                  "true or false"),
         "nccl_plugin": _parse(env, "OTEL_TRAIN_NCCL_PLUGIN", _bool_or_auto, d.nccl_plugin,
@@ -290,9 +297,13 @@ def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     if unknown:
         raise TypeError(f"unknown otel-train setting(s): {', '.join(sorted(unknown))}")
     values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("collective_spans", "all") not in COLLECTIVE_SPANS:
+    if values.get("collective_spans", "auto") not in COLLECTIVE_SPANS:
         raise ValueError(f"collective_spans must be one of {', '.join(COLLECTIVE_SPANS)}, "
                          f"not {values['collective_spans']!r}")
+    rate = values.get("collective_span_rate", 1.0)
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
+        raise ValueError(f"collective_span_rate must be a positive number of spans a second, "
+                         f"not {rate!r}")
     if "output_dir" in values:
         values["output_dir"] = Path(values["output_dir"])
     if values.get("profile_dir") is not None:

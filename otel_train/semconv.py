@@ -112,7 +112,7 @@ ATTR_COLLECTIVE_SOURCE = "collective.source"
 ATTR_COLLECTIVE_COMPLETED = "collective.completed"
 #: GPU time from the NCCL flight recorder (TORCH_NCCL_ENABLE_TIMING=1), seconds
 ATTR_COLLECTIVE_GPU_DURATION = "collective.gpu_duration_s"
-#: summary spans (OTEL_TRAIN_COLLECTIVE_SPANS=summary): one span per (phase, op, group) of a
+#: summary spans (OTEL_TRAIN_COLLECTIVE_SPANS=summary, or auto past the span budget): one span per (phase, op, group) of a
 #: step standing for ``collective.count`` collectives; bytes and gpu_duration_s are sums,
 #: total_s the sum of their issue-to-completion times, seq the first and seq_last the last
 ATTR_COLLECTIVE_COUNT = "collective.count"

@@ -263,7 +263,7 @@ def arrival_lines(report: Report, bold: bool = False) -> list[str]:
     skipped = [f"{n} {what}" for n, what in (
         (a.unmatched, "seen on only some ranks"),
         (a.mismatched, "whose sequence numbers did not line up across ranks"),
-        (a.summarised, "in summary spans (OTEL_TRAIN_COLLECTIVE_SPANS=summary)")) if n]
+        (a.summarised, "in summary spans (OTEL_TRAIN_COLLECTIVE_SPANS)")) if n]
     not_compared = f" ({', '.join(skipped)}: not compared)" if skipped else ""
     if not a.matched:
         return [f"late arrivals: not known{not_compared}"] if skipped else []

@@ -9,9 +9,13 @@ process-group hooks and NCCL's flight recorder (``sources/collectives/__init__.p
 NCCL profiler plugin (``nccl/rows.py`` turns its records into rows). No torch here.
 
 Policy (docs/collectives.md): every collective records its duration and size; in a sampled
-step each is its own span under the phase that issued it, or, in summary mode, one span per
-(phase, op, group, backend, source) while the stalled, failed, unfinished and slow ones (over
-``SLOW_FACTOR`` x their group's median and ``SLOW_MIN_S``) keep their own spans.
+step each is its own span under the phase that issued it, or, when the step is summarised, one
+span per (phase, op, group, backend, source) while the stalled, failed, unfinished and slow
+ones (over ``SLOW_FACTOR`` x their group's median and ``SLOW_MIN_S``) keep their own spans.
+Which sampled steps are summarised is decided where the step's collectives are known, by
+:class:`SpanBudget` (the default, ``OTEL_TRAIN_COLLECTIVE_SPANS=auto``): a step's collectives
+are their own spans while the rank stays within ``collective_span_rate`` spans a second, so
+the exporter keeps up at any collective rate; ``all`` and ``summary`` force one or the other.
 """
 
 from __future__ import annotations
@@ -55,6 +59,38 @@ class Spec(NamedTuple):
     points: bool = True
 
 
+class SpanBudget:
+    """How many collectives may be their own spans: a token bucket of ``per_s`` spans a
+    second, holding at most ``burst_s`` seconds' worth, on the steps' own clock (their end,
+    wall-clock ns), so steps released together after a hold are judged by when they ran.
+
+    A sampled step's collectives are all their own spans if the bucket holds enough for all
+    of them, and the step is summarised otherwise (a trace never mixes the two by chance);
+    the summarised step spends nothing. A step with more collectives than the bucket can
+    ever hold is always summarised."""
+
+    def __init__(self, per_s: float, burst_s: float = 1.0) -> None:
+        if per_s <= 0 or burst_s <= 0:
+            raise ValueError("a span budget needs a positive rate and burst")
+        self.per_ns = per_s / 1e9
+        self.capacity = per_s * burst_s
+        self.tokens = self.capacity
+        self.last_ns: int | None = None
+
+    def summarise(self, n: int, now_ns: int) -> bool:
+        """True if a step of ``n`` collectives ending at ``now_ns`` is to be summarised;
+        otherwise its spans are taken from the budget."""
+        if self.last_ns is not None and now_ns > self.last_ns:
+            self.tokens = min(self.capacity,
+                              self.tokens + (now_ns - self.last_ns) * self.per_ns)
+        if self.last_ns is None or now_ns > self.last_ns:
+            self.last_ns = now_ns
+        if n > self.tokens:
+            return True
+        self.tokens -= n
+        return False
+
+
 def context_of(t: CtxTuple) -> SpanContext:
     """A span context from its plain tuple (as :func:`remote.ctx_tuple` makes it)."""
     return SpanContext(t[0], t[1], t[3], TraceFlags(t[2]))
@@ -72,24 +108,8 @@ def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
     """Record every row's duration and size and, in a sampled step, its span or its share of
     a summary span, with a Pipeline's ``span`` and the duration histogram's ``record`` and
     the size counter's ``add``; returns how many rows."""
-    exemplar = (trace.set_span_in_context(NonRecordingSpan(context_of(spec.rank_step)))
-                if spec.sampled else None)
-    attrs_of: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
-    for row in rows if spec.points else ():
-        op, backend = row[0], row[2]
-        attrs = attrs_of.get((op, backend))
-        if attrs is None:
-            bounded = op if op in semconv.COLLECTIVE_OPS else "other"
-            attrs = attrs_of[(op, backend)] = (
-                {**spec.base, semconv.ATTR_COLLECTIVE_OP: bounded,
-                 semconv.ATTR_COLLECTIVE_BACKEND: backend},
-                {**spec.base, semconv.ATTR_COLLECTIVE_OP: bounded})
-        if exemplar is None:
-            duration(seconds(row), attrs[0])
-        else:
-            duration(seconds(row), attrs[0], context=exemplar)
-        if row[5]:
-            size(row[5], attrs[1])
+    if spec.points and rows:
+        _points(spec, rows, duration, size)
     if not spec.sampled or not rows:
         return len(rows)
     rank_step = context_of(spec.rank_step)
@@ -108,6 +128,39 @@ def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
         for row, parent in parented:
             _span(spec, row, parent, span)
     return len(rows)
+
+
+def _points(spec: Spec, rows: Sequence[Row], duration: Callable[..., Any],
+            size: Callable[..., Any]) -> None:
+    """Every row's duration; the bytes summed per attribute set (one counter addition each:
+    the same sum as one per row, at a fraction of the SDK's per-measurement cost, ~8 us here).
+    In a sampled step the slowest row of each attribute set carries the step's exemplar: the
+    one a histogram's tail links to, without the exemplar machinery for every row."""
+    attrs_of: dict[tuple[str, str], list[Any]] = {}
+    for row in rows:
+        key = (row[0], row[2])
+        entry = attrs_of.get(key)
+        if entry is None:
+            entry = attrs_of[key] = [[], 0, -1.0, -1]  # durations, bytes, slowest, its index
+        secs = seconds(row)
+        durations = entry[0]
+        if secs > entry[2]:
+            entry[2], entry[3] = secs, len(durations)
+        durations.append(secs)
+        entry[1] += row[5]
+    exemplar = (trace.set_span_in_context(NonRecordingSpan(context_of(spec.rank_step)))
+                if spec.sampled else None)
+    for (op, backend), (durations, nbytes, _, slowest) in attrs_of.items():
+        bounded = op if op in semconv.COLLECTIVE_OPS else "other"
+        attrs = {**spec.base, semconv.ATTR_COLLECTIVE_OP: bounded,
+                 semconv.ATTR_COLLECTIVE_BACKEND: backend}
+        for i, secs in enumerate(durations):
+            if exemplar is not None and i == slowest:
+                duration(secs, attrs, context=exemplar)
+            else:
+                duration(secs, attrs)
+        if nbytes:
+            size(nbytes, {**spec.base, semconv.ATTR_COLLECTIVE_OP: bounded})
 
 
 def lost(spec: Spec, rows: Sequence[Row]) -> tuple[int, int]:

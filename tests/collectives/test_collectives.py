@@ -265,6 +265,32 @@ def test_summary_spans_stand_for_every_collective_of_the_step(tmp_path):
 
 
 @pytest.mark.slow
+def test_auto_mode_summarises_the_steps_past_the_span_budget(tmp_path):
+    """The default span policy (auto): within the rank's budget every collective is its own
+    span (the other tests here run with it); past it the whole step is summarised, and the
+    summaries still stand for every collective, which the metrics count one by one. A
+    budget of one span a second (a burst of one) summarises every step of this job."""
+    run_dir = _train(tmp_path, "fsdp2", steps=3, backend="aot_eager",
+                     OTEL_TRAIN_COLLECTIVE_SPAN_RATE="1")
+    colls, _ = _collectives(run_dir)
+    count_of = semconv.ATTR_COLLECTIVE_COUNT
+    units = _param_bytes(world=2)
+    for rank in (0, 1):
+        for step in range(3):
+            gathers = [s["attrs"] for s in colls if s["attrs"][semconv.ATTR_RANK] == rank
+                       and s["attrs"][semconv.ATTR_STEP] == step
+                       and s["attrs"][semconv.ATTR_COLLECTIVE_OP] == "all_gather"]
+            assert sum(a.get(count_of, 1) for a in gathers) == len(units) + 2, gathers
+            assert len(gathers) < len(units) + 2, gathers  # summarised: fewer spans
+    last: dict[int, int] = {}  # cumulative points: the last export of each rank's series
+    for p in otlp_files.metric_points(run_dir, semconv.METRIC_COLLECTIVE_DURATION):
+        if p["attrs"][semconv.ATTR_COLLECTIVE_OP] == "all_gather":
+            last[p["attrs"][semconv.ATTR_RANK]] = int(p["count"])
+    # every collective measured: the three steps' gathers (and any after the last step)
+    assert set(last) == {0, 1} and all(n >= 3 * (len(units) + 2) for n in last.values())
+
+
+@pytest.mark.slow
 def test_fsdp1_four_ranks_gathers_and_reduce_scatters_the_flat_parameter(tmp_path):
     run_dir = _train(tmp_path, "fsdp1", ranks=4, steps=2)
     colls, by_id = _collectives(run_dir)

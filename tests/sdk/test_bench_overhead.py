@@ -150,3 +150,26 @@ def test_cpu_benchmark_quick_run_measures_and_judges_itself(tmp_path: Path) -> N
     missed = stats.verdict(figures, targets)
     assert report["verdict"]["missed"] == missed
     assert proc.returncode == (1 if missed else 0), proc.stderr[-4000:]
+
+
+def test_exporter_benchmark_quick_run_accounts_for_every_collective(tmp_path: Path) -> None:
+    """bench_exporter.py through the real exporter process, briefly: every collective sent
+    is accounted for (own spans, or summaries that stand for the rest of their step), the
+    default arm's budget summarised some steps and not others, and it judges itself (the
+    target is not asserted here: CI's two cores are too noisy to judge 50,000 a second)."""
+    out = tmp_path / "exporter.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_exporter.py"), "--seconds", "2",
+         "--per-step", "200", "--step-rate", "50", "--arms", "auto,summary", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    doc = json.loads(out.with_suffix(".json").read_text())
+    auto, summary = doc["results"]["auto"], doc["results"]["summary"]
+    for r in (auto, summary):
+        assert r["collectives"] == 2 * 200 * 50 and r["flushed"] and not r["dropped"], r
+    # 2000 spans a second, a second's worth at once: 10 whole steps at first, then 10 a second
+    assert 0 < auto["steps_summarised"] < auto["steps"]
+    assert summary["steps_summarised"] == summary["steps"]
+    assert auto["spans"] > summary["spans"] >= summary["summary_spans"] > 0
+    assert ("verdict: all targets met" in out.read_text()) == (proc.returncode == 0)

@@ -56,7 +56,8 @@ def test_each_collective_its_own_span_under_the_phase_that_issued_it():
     assert unfinished[3][semconv.ATTR_COLLECTIVE_COMPLETED] is False and unfinished[4]
     assert semconv.ATTR_COLLECTIVE_BUS_BW not in unfinished[3]
     assert spans[4][3][semconv.ATTR_COLLECTIVE_STALLED] and spans[4][5][0][1] == 7_500
-    assert points == {"duration": 7, "size": 6}  # no size point for 0 bytes
+    # every duration; the bytes summed into one addition per attribute set (gloo all_reduce)
+    assert points == {"duration": 7, "size": 1}
 
 
 def test_summary_keeps_slow_stalled_and_unfinished_ones_on_their_own():
@@ -69,7 +70,7 @@ def test_summary_keeps_slow_stalled_and_unfinished_ones_on_their_own():
         == (1, 3)
     alone = sorted(s[3][semconv.ATTR_COLLECTIVE_SEQ] for s in spans if s is not summary)
     assert alone == [4, 5, 6, 7]  # slow, stalled, unfinished; the only one under the step
-    assert points == {"duration": 7, "size": 6}
+    assert points == {"duration": 7, "size": 1}
 
 
 @pytest.mark.parametrize("summary,sampled,points", [(False, True, True), (True, True, True),
@@ -81,3 +82,58 @@ def test_a_lost_batch_counts_exactly_what_it_would_have_made(summary, sampled, p
     remote.count_lost((remote.OP_COLLECTIVES, spec, ROWS, 0, 1), dropped)
     assert dropped[semconv.SIGNAL_SPANS] == len(spans)
     assert dropped[semconv.SIGNAL_METRICS] == sum(made_points.values())
+
+
+def test_points_every_duration_the_bytes_summed_and_the_slowest_carries_the_exemplar():
+    """The SDK's cost is per measurement (~8 us on this machine): the size counter gets one
+    addition per attribute set with the same sum, the duration histogram every value, and in
+    a sampled step only the slowest of each attribute set is offered as the step's exemplar."""
+    rows = [_row(1, 0, 1_000, nbytes=64), _row(2, 0, 9_000, nbytes=32),
+            _row(3, 0, 2_000, nbytes=16, op="all_gather"), _row(4, 0, 3_000, nbytes=8)]
+    durations, sizes = [], []
+    collective_rows.expand(
+        _spec(summary=False), rows, lambda *a, **k: None,
+        lambda v, attrs, context=None: durations.append(
+            (v, attrs[semconv.ATTR_COLLECTIVE_OP], context is not None)),
+        lambda v, attrs, context=None: sizes.append((attrs[semconv.ATTR_COLLECTIVE_OP], v)))
+    assert sorted(sizes) == [("all_gather", 16), ("all_reduce", 104)]
+    assert sorted(durations) == [(1e-06, "all_reduce", False), (2e-06, "all_gather", True),
+                                 (3e-06, "all_reduce", False), (9e-06, "all_reduce", True)]
+    durations.clear()
+    collective_rows.expand(_spec(summary=False, sampled=False), rows, lambda *a, **k: None,
+                           lambda v, attrs, context=None: durations.append(context),
+                           lambda *a, **k: None)
+    assert durations == [None] * 4  # unsampled steps offer no exemplar
+
+
+def test_the_span_budget_allows_a_rate_with_a_burst_and_summarises_whole_steps():
+    second = 1_000_000_000
+    budget = collective_rows.SpanBudget(per_s=100, burst_s=1.0)
+    assert not budget.summarise(75, 0)  # 100 tokens: a step of 75 is its own spans
+    assert budget.summarise(75, 0)  # 25 left: the next one is summarised, spends nothing
+    assert not budget.summarise(25, 0)
+    assert budget.summarise(1, 0)
+    assert not budget.summarise(50, second // 2)  # refilled at 100 a second
+    assert budget.summarise(101, 100 * second)  # never more than a second's worth
+    assert not budget.summarise(100, 100 * second)
+    # steps released together after a hold are judged by their own (earlier) clock: an
+    # older step neither refills nor moves the clock back
+    assert budget.summarise(1, 99 * second)
+    assert not budget.summarise(10, 100 * second + second // 10)
+    with pytest.raises(ValueError):
+        collective_rows.SpanBudget(per_s=0)
+
+
+def test_auto_mode_spans_real_fsdp_rates_one_by_one_and_summarises_past_the_budget():
+    """The default budget (2000 spans a second) against two jobs: the 2 x H200 benchmark's
+    74 collectives a step at ~8 steps a second (every step its own spans), and a job of
+    500 collectives a step at 100 steps a second (50,000 a second: about one step in 25)."""
+    from otel_train import config
+
+    rate = config.load({}).collective_span_rate
+    step_ns = 125_000_000
+    budget = collective_rows.SpanBudget(rate)
+    assert not any(budget.summarise(74, i * step_ns) for i in range(1000))
+    budget = collective_rows.SpanBudget(rate)
+    own = sum(not budget.summarise(500, i * 10_000_000) for i in range(1000))
+    assert 35 <= own <= 45  # 10 s at 2000 a second: 40 steps of 500 (+ the first burst)

@@ -52,7 +52,9 @@ def test_arguments_override_the_environment():
     ("OTEL_TRAIN_CAPTURE_LOGS", "maybe", "capture_logs", True),
     ("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", "0", "shutdown_timeout_s", 10.0),
     ("OTEL_TRACES_SAMPLER", "sometimes", "sampler_name", "parentbased_always_on"),
-    ("OTEL_TRAIN_COLLECTIVE_SPANS", "some", "collective_spans", "all"),
+    ("OTEL_TRAIN_COLLECTIVE_SPANS", "some", "collective_spans", "auto"),
+    ("OTEL_TRAIN_COLLECTIVE_SPAN_RATE", "0", "collective_span_rate", 2000.0),
+    ("OTEL_TRAIN_COLLECTIVE_SPAN_RATE", "many", "collective_span_rate", 2000.0),
     ("OTEL_TRAIN_NCCL_PLUGIN", "sometimes", "nccl_plugin", "auto"),
 ])
 def test_a_bad_value_gives_one_warning_and_the_default(name, value, field, default):
@@ -82,8 +84,12 @@ def test_an_unknown_argument_is_a_programming_error():
 def test_collective_span_mode_from_environment_and_argument():
     assert config.load({"OTEL_TRAIN_COLLECTIVE_SPANS": "Summary"}).collective_spans == "summary"
     assert config.load({}, collective_spans="summary").collective_spans == "summary"
-    with pytest.raises(ValueError, match="collective_spans must be one of all, summary"):
+    with pytest.raises(ValueError, match="collective_spans must be one of auto, all, summary"):
         config.load({}, collective_spans="few")
+    assert config.load({}).collective_spans == "auto"
+    assert config.load({"OTEL_TRAIN_COLLECTIVE_SPAN_RATE": "500"}).collective_span_rate == 500.0
+    with pytest.raises(ValueError, match="collective_span_rate must be a positive number"):
+        config.load({}, collective_span_rate=0)
 
 
 def test_the_nccl_plugin_is_auto_by_default_and_can_be_forced_or_refused():

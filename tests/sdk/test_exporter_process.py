@@ -113,7 +113,8 @@ def test_an_exporter_that_cannot_start_leaves_export_in_process(tmp_path, monkey
 
 _SIGKILLED_TRAINER = textwrap.dedent("""
     import os, signal, sys, time
-    from support import training, otel_train
+    import otel_train
+    from support import training
     model, opt, loader = training.setup(batches=1000)
     with otel_train.instrument(model, output_dir=sys.argv[1], emit_interval_s=0.05) as inst:
         print(inst._pipeline.pid, flush=True)

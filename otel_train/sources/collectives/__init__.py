@@ -295,7 +295,11 @@ class Ledger:
         emitter.on_tick(self.tick)
         self.log = ctx.log
         self.errors = 0
-        self.summary = ctx.config.collective_spans == "summary"
+        mode = ctx.config.collective_spans
+        #: "auto": own spans within the rank's budget, a step summarised past it
+        self.budget = (collective_rows.SpanBudget(ctx.config.collective_span_rate)
+                       if mode == "auto" else None)
+        self.summary = mode == "summary"
 
     def _guarded(self, listener: Any) -> Any:
         """A step listener that raises would cost the whole step its telemetry: contain it."""
@@ -604,7 +608,8 @@ class Ledger:
                   for comm, nranks in nccl.comms_of(rows).items()}
         stalled = {k: v for k, v in self._stalled.items() if k[0] in groups}
         spec = StepSpec(
-            info.step, info.sampled, self.summary, ctx_tuple(info.rank_step_context),
+            info.step, info.sampled, self._summarise(info, len(rows)),
+            ctx_tuple(info.rank_step_context),
             [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
             self.offset, self.base, groups, stalled)
         self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
@@ -617,11 +622,20 @@ class Ledger:
             self._send(colls, info)
 
     # --- output ----------------------------------------------------------------------
+    def _summarise(self, info: Any, n: int) -> bool:
+        """Whether a step's collectives become summary spans (docs/collectives.md, "The span
+        policy"): always in summary mode, never in all mode; in auto mode when the sampled
+        step's collectives would take the rank past its span budget."""
+        if self.budget is None or not info.sampled:
+            return self.summary
+        return self.budget.summarise(n, info.end_ns)
+
     def _send(self, colls: list[Collective], info: Any, end_perf: int | None = None,
               points: bool = True) -> None:
         """The collectives of a step as rows: their spans and points are made where spans
         are built (export/collective_rows.py), the exporter process by default."""
-        spec = RowSpec(info.step, info.sampled, self.summary, ctx_tuple(info.rank_step_context),
+        spec = RowSpec(info.step, info.sampled, self._summarise(info, len(colls)),
+                       ctx_tuple(info.rank_step_context),
                        [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
                        self.base, points)
         self.emitter.collectives(spec, [self._row(c, end_perf) for c in colls],
