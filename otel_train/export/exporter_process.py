@@ -37,6 +37,8 @@ _MEASURE = {semconv.HISTOGRAM: "record", semconv.COUNTER: "add", semconv.GAUGE: 
 BACKPRESSURE_S = 2.0
 #: the exporter's niceness above the training process's (os.nice): ~1/10 of a busy core
 NICENESS = 10
+#: operations that make many spans each: the queues are checked before each of them
+_BURSTY = (remote.OP_COLLECTIVES, remote.OP_STEP)
 #: how often the exporter tells the training process what it has dropped, at most
 DROP_REPORT_INTERVAL_S = 0.5
 
@@ -103,7 +105,10 @@ class Exporter:
         collector's losses are counted as usual. Waiting here holds nobody's interpreter."""
         deadline = time.monotonic() + BACKPRESSURE_S
         for i, op in enumerate(batch):
-            if i % 64 == 0:
+            # before every step and every step's collectives (each may make hundreds of
+            # spans: a second of steps in one batch would overrun the span queue at once),
+            # and every 64 operations otherwise
+            if i % 64 == 0 or op[0] in _BURSTY:
                 while self.pipeline.backlog() > 0.5 and time.monotonic() < deadline:
                     self.pipeline.nudge()
                     time.sleep(0.002)

@@ -25,12 +25,20 @@ from opentelemetry.sdk._logs.export import (
     LogRecordExporter,
     LogRecordExportResult,
 )
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
     MetricExporter,
     MetricExportResult,
     MetricsData,
     PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
+from opentelemetry.sdk.metrics.view import (
+    DefaultAggregation,
+    ExplicitBucketHistogramAggregation,
 )
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
@@ -44,6 +52,7 @@ from otel_train import config as config_mod
 from otel_train import redact, semconv
 from otel_train._version import __version__
 from otel_train.config import Config, ConfigWarning
+from otel_train.export.collective_histogram import CollectiveDurations
 from otel_train.identity import Identity
 
 Dropped = collections.Counter  # signal -> count
@@ -165,16 +174,57 @@ def _count_points(data: MetricsData) -> int:
     )
 
 
+def _with_metric(data: MetricsData, metric: Any, resource: Resource,
+                 scope: InstrumentationScope) -> MetricsData:
+    """``data`` with ``metric`` added under otel-train's scope (made if the reader collected
+    nothing of it)."""
+    resource_metrics = list(data.resource_metrics) or [
+        ResourceMetrics(resource=resource, scope_metrics=[], schema_url="")]
+    first = resource_metrics[0]
+    scopes = list(first.scope_metrics)
+    for i, sm in enumerate(scopes):
+        if sm.scope.name == scope.name:
+            scopes[i] = ScopeMetrics(scope=sm.scope, metrics=[*sm.metrics, metric],
+                                     schema_url=sm.schema_url)
+            break
+    else:
+        scopes.append(ScopeMetrics(scope=scope, metrics=[metric],
+                                   schema_url=scope.schema_url or ""))
+    resource_metrics[0] = ResourceMetrics(resource=first.resource, scope_metrics=scopes,
+                                          schema_url=first.schema_url)
+    return MetricsData(resource_metrics=resource_metrics)
+
+
+def _advised_buckets(aggregation: Any) -> bool:
+    """Whether an exporter's preferred histogram aggregation makes semconv's advised explicit
+    buckets with min and max (the SDK's default, and the OTLP exporters' own preference
+    unless told otherwise), as otel-train's own collective histogram does."""
+    if aggregation is None or isinstance(aggregation, DefaultAggregation):
+        return True
+    return (isinstance(aggregation, ExplicitBucketHistogramAggregation)
+            and getattr(aggregation, "_boundaries", ()) is None
+            and getattr(aggregation, "_record_min_max", False) is True)
+
+
 class _CountingMetricExporter(MetricExporter):
-    def __init__(self, inner: MetricExporter, accounts: Accounts) -> None:
+    def __init__(self, inner: MetricExporter, accounts: Accounts,
+                 extra: Any = None) -> None:
         super().__init__(
             preferred_temporality=inner._preferred_temporality,
             preferred_aggregation=inner._preferred_aggregation,
         )
         self._inner, self._accounts = inner, accounts
+        #: (CollectiveDurations, resource, scope): a histogram aggregated by otel-train,
+        #: added to every collection (export/collective_histogram.py)
+        self.extra = extra
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
+        if self.extra is not None:
+            histogram, resource, scope = self.extra
+            metric = histogram.metric()
+            if metric is not None:
+                metrics_data = _with_metric(metrics_data, metric, resource, scope)
         points = _count_points(metrics_data)  # a collection's points: produced for export
         self._accounts.produce(semconv.SIGNAL_METRICS, points)
         try:
@@ -444,15 +494,26 @@ class Pipeline:
                 _CountingLogExporter(logs, self.accounts), self.accounts)
             self.processors.append(processor)
             self.logger_provider.add_log_record_processor(processor)
+        scope = (semconv.SCOPE_NAME, __version__, semconv.SCHEMA_URL)
+        self._scope = InstrumentationScope(*scope)
+        #: every collective's duration, aggregated here (export/collective_histogram.py)
+        self.collective_durations: CollectiveDurations | None = None
         if metrics is not None:
+            # only where the SDK would make explicit buckets from semconv's advice: an
+            # exporter preferring exponential histograms (or buckets of its own) keeps the
+            # SDK's aggregation for this one too
+            if _advised_buckets(getattr(metrics, "_preferred_aggregation", {}).get(SdkHistogram)):
+                delta = (getattr(metrics, "_preferred_temporality", {}).get(SdkHistogram)
+                         == AggregationTemporality.DELTA)
+                self.collective_durations = CollectiveDurations(delta=delta)
+            extra = (None if self.collective_durations is None else
+                     (self.collective_durations, self.resource, self._scope))
             self.readers.append(PeriodicExportingMetricReader(
-                _CountingMetricExporter(metrics, self.accounts)))
+                _CountingMetricExporter(metrics, self.accounts, extra)))
         self.meter_provider = MeterProvider(resource=self.resource, metric_readers=self.readers,
                                             shutdown_on_exit=False)
         _live_pipelines.add(self)
-        scope = (semconv.SCOPE_NAME, __version__, semconv.SCHEMA_URL)
         self.tracer = self.tracer_provider.get_tracer(*scope)
-        self._scope = InstrumentationScope(*scope)
         self._span_processors = [p for p in self.processors if isinstance(p, BatchSpanProcessor)]
         self.meter = self.meter_provider.get_meter(*scope)
         self.otel_logger = self.logger_provider.get_logger(*scope)
@@ -509,6 +570,8 @@ class Pipeline:
         counter."""
         from otel_train.export import collective_rows
 
+        if self.collective_durations is not None:  # every value, without the SDK's cost
+            duration = self.collective_durations.record
         if isinstance(spec, collective_rows.Spec):
             collective_rows.expand(spec, rows, self.span, duration, size)
             return
