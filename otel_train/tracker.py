@@ -91,6 +91,10 @@ class StepTracker:
         #: CPU and by default: one truth test each.
         self.phase_hooks: tuple[Callable[[bool, int], None], ...] = ()
         self.step_hooks: tuple[Callable[[int], None], ...] = ()
+        #: ``hook(now_ns)`` when a phase of a given name ends, before its record is put: for
+        #: a source that needs one moment of the step (the cgroup's at the optimizer's end)
+        #: without a call at every phase boundary
+        self.end_hooks: dict[str, tuple[Callable[[int], None], ...]] = {}
         _live_trackers.add(self)
 
     def active(self) -> bool:
@@ -103,6 +107,18 @@ class StepTracker:
 
         def remove() -> None:
             self.phase_hooks = tuple(h for h in self.phase_hooks if h is not hook)
+
+        return remove
+
+    def add_end_hook(self, phase: str, hook: Callable[[int], None]) -> Callable[[], None]:
+        """Run ``hook(now_ns)`` on the training thread when ``phase`` ends, before its record
+        is put; returns what removes it."""
+        self.end_hooks = {**self.end_hooks, phase: (*self.end_hooks.get(phase, ()), hook)}
+
+        def remove() -> None:
+            left = tuple(h for h in self.end_hooks.get(phase, ()) if h is not hook)
+            self.end_hooks = ({**self.end_hooks, phase: left} if left else
+                              {k: v for k, v in self.end_hooks.items() if k != phase})
 
         return remove
 
@@ -174,6 +190,9 @@ class StepTracker:
         if self.phase_hooks:
             for hook in self.phase_hooks:
                 hook(False, now)
+        if self.end_hooks:
+            for hook in self.end_hooks.get(phase, ()):
+                hook(now)
         self._put((PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
                    self.phase_span_id))
         self.phase = None

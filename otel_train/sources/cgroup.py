@@ -105,7 +105,8 @@ class CgroupSource:
         if self.fd is not None:
             self._put = ctx.recorder.put
             ctx.emitter.on_event(RECORD, self._on_record)
-            self._unhooks = [self.tracker.add_phase_hook(self._phase_hook),
+            self._unhooks = [self.tracker.add_end_hook(semconv.PHASE_OPTIMIZER,
+                                                       self._optimizer_end),
                              self.tracker.add_step_hook(self._step_hook)]
         ctx.emitter.before_step(self._on_step)
 
@@ -114,13 +115,12 @@ class CgroupSource:
         assert self.fd is not None
         return os.pread(self.fd, 4096, 0)
 
-    def _phase_hook(self, begin: bool, now: int) -> None:
+    def _optimizer_end(self, now: int) -> None:
         # an optimizer step just ended: the step may end here (unless another one follows)
-        if not begin and self.tracker.phase == semconv.PHASE_OPTIMIZER:
-            try:
-                self._sample = (self.tracker.step, self._read())
-            except Exception as err:
-                internal_errors.count("cgroup", err)
+        try:
+            self._sample = (self.tracker.step, self._read())
+        except Exception as err:
+            internal_errors.count("cgroup", err)
 
     def _step_hook(self, step: int) -> None:
         sample, self._sample = self._sample, None

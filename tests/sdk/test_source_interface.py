@@ -9,6 +9,7 @@ import inspect
 from pathlib import Path
 
 from otel_train import emitter as emitter_mod
+from otel_train import semconv
 from otel_train import sources
 from otel_train.sources import SourceHost
 
@@ -87,16 +88,18 @@ def test_registrations_hand_back_removers(tmp_path) -> None:
                         host.on_step(counter(f"after {tag}")),
                         host.on_tick(counter(f"tick {tag}")),
                         tracker.add_phase_hook(counter(f"phase {tag}")),
+                        tracker.add_end_hook(semconv.PHASE_OPTIMIZER, counter(f"end {tag}")),
                         tracker.add_step_hook(counter(f"step {tag}"))]
             if not kept:
                 train(3)
-                hooked = (calls["phase removed"], calls["step removed"])
+                hooked = (calls["phase removed"], calls["step removed"], calls["end removed"])
                 for remove in removers:
                     remove()
         train(3)
-    for name in ("before", "after", "tick", "phase", "step"):
+    for name in ("before", "after", "tick", "phase", "step", "end"):
         assert calls.get(f"{name} kept", 0) > 0, calls
     assert "before removed" not in calls and "after removed" not in calls, calls
     assert "tick removed" not in calls, calls
-    assert (calls["phase removed"], calls["step removed"]) == hooked, calls
-    assert hooked[0] > 0 and hooked[1] > 0 and calls["phase kept"] > hooked[0], calls
+    assert (calls["phase removed"], calls["step removed"], calls["end removed"]) == hooked, calls
+    assert all(hooked) and calls["phase kept"] > hooked[0], calls
+    assert hooked[2] == 3 and calls["end kept"] == 6, calls  # once an optimizer step
