@@ -29,6 +29,7 @@ from support.pipeline_fixtures import (
     Prometheus,
     adjacent_free_ports,
     free_port,
+    free_ports,
     http_get,
     http_post_json,
     json_lines,
@@ -70,8 +71,8 @@ class Jaeger:
 def running_jaeger(workdir: Path) -> Iterator[Jaeger]:
     """tools/jaeger/config.yaml's Jaeger on free ports, killed on exit."""
     binary = require_binary("jaeger", "OTEL_TRAIN_JAEGER_BIN", DEFAULT_JAEGER)
-    ports = {name: free_port() for name in ("JAEGER_QUERY_PORT", "JAEGER_QUERY_GRPC_PORT",
-                                            "JAEGER_OTLP_HTTP_PORT")}
+    names = ("JAEGER_QUERY_PORT", "JAEGER_QUERY_GRPC_PORT", "JAEGER_OTLP_HTTP_PORT")
+    ports = dict(zip(names, free_ports(len(names))))
     env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
     process = Process("jaeger", [binary, "--config", str(JAEGER_CONFIG)], env,
                       workdir / "jaeger.log").start()

@@ -138,8 +138,9 @@ def test_an_exporter_preferring_other_buckets_keeps_the_sdks_aggregation(tmp_pat
     """Exponential histograms asked of the exporter (OTLP's setting, honoured by the file
     exporter too): the collective durations are the SDK's, exponential like the rest."""
     ident = Identity("h", 0, 0, 1, platform.node(), 1)
-    assert Pipeline(config.load(output_dir=tmp_path, exporter="file"), ident,
-                    tmp_path / "a").collective_durations is not None
+    default = Pipeline(config.load(output_dir=tmp_path, exporter="file"), ident, tmp_path / "a")
+    # shut down: a pipeline left running would leave its SDK threads to later tests' forks
+    assert default.shutdown(30) and default.collective_durations is not None
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
                        "base2_exponential_bucket_histogram")
     pipeline = Pipeline(config.load(output_dir=tmp_path, exporter="file"), ident, tmp_path / "b")

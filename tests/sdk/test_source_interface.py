@@ -9,8 +9,7 @@ import inspect
 from pathlib import Path
 
 from otel_train import emitter as emitter_mod
-from otel_train import semconv
-from otel_train import sources
+from otel_train import semconv, sources
 from otel_train.sources import SourceHost
 
 SOURCES = Path(sources.__file__).parent

@@ -54,6 +54,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` different free ports. Picked one at a time, a port freed by the previous pick
+    can come back (it did: Jaeger's OTLP and query ports once collided); here every socket
+    stays bound until all are picked."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
+
+
 def adjacent_free_ports() -> int:
     """A port p with p + 1 free too: rank r serves its Prometheus endpoint on p + r."""
     for _ in range(50):
@@ -162,8 +175,9 @@ class Collector:
     restarts: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("grpc", "http", "prometheus", "health", "telemetry"):
-            self.ports.setdefault(name, free_port())
+        names = ("grpc", "http", "prometheus", "health", "telemetry")
+        for name, port in zip(names, free_ports(len(names))):
+            self.ports.setdefault(name, port)
 
     @property
     def output_dir(self) -> Path:
