@@ -58,6 +58,13 @@ def pack(rows: Sequence[tuple[int, ...]]) -> bytes:
     return b"".join([pack_one(*r) for r in rows])
 
 
+def count(rows: Sequence[Any] | bytes) -> int:
+    """How many collectives: records as tuples, rows, or the plugin's bytes (64 each)."""
+    if isinstance(rows, (bytes, bytearray, memoryview)):
+        return len(rows) // RECORD.size
+    return len(rows)
+
+
 def to_rows(spec: StepSpec, rows: Sequence[tuple[int, ...]] | bytes
             ) -> list[collective_rows.Row]:
     """The plugin's records (tuples, or :func:`pack`'s bytes) as the collective rows every

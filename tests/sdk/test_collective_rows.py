@@ -137,3 +137,28 @@ def test_auto_mode_spans_real_fsdp_rates_one_by_one_and_summarises_past_the_budg
     budget = collective_rows.SpanBudget(rate)
     own = sum(not budget.summarise(500, i * 10_000_000) for i in range(1000))
     assert 35 <= own <= 45  # 10 s at 2000 a second: 40 steps of 500 (+ the first burst)
+
+
+def test_the_budget_counts_collectives_not_bytes_of_the_plugins_records():
+    """The plugin's records reach the collectives source as the bytes it wrote, 64 a
+    collective: the budget must count 74 collectives a step as 74, not 74 x 64 (which would
+    summarise every step of the 2 x H200 job)."""
+    from types import SimpleNamespace
+
+    from otel_train.nccl import rows as nccl_rows
+    from otel_train.sources.collectives import Ledger
+
+    record = (1, 7, 64, 100, 200, 0, 0, 2, 8, 0, 0, 0, 0, 2)
+    packed = nccl_rows.pack([record] * 74)
+    assert nccl_rows.count(packed) == 74 and nccl_rows.count([record] * 74) == 74
+    ledger = Ledger.__new__(Ledger)
+    ledger.summary = False
+    ledger.budget = collective_rows.SpanBudget(2000)
+    step_ns = 125_000_000
+    decided = [ledger._summarise(SimpleNamespace(sampled=True, end_ns=i * step_ns), packed)
+               for i in range(200)]
+    assert not any(decided)  # 74 a step, 8 steps a second: all their own spans
+    assert ledger._summarise(SimpleNamespace(sampled=True, end_ns=200 * step_ns),
+                             nccl_rows.pack([record] * 2001))  # over a second's worth
+    ledger.budget = None
+    assert not ledger._summarise(SimpleNamespace(sampled=True, end_ns=0), packed)

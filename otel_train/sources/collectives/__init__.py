@@ -16,6 +16,7 @@ import dataclasses
 import os
 import time
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,6 +27,7 @@ from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows
 from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
+from otel_train.nccl import rows as nccl_rows
 from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.recorder import EVENT
 from otel_train.sources.collectives import capture as capture_mod
@@ -608,7 +610,7 @@ class Ledger:
                   for comm, nranks in nccl.comms_of(rows).items()}
         stalled = {k: v for k, v in self._stalled.items() if k[0] in groups}
         spec = StepSpec(
-            info.step, info.sampled, self._summarise(info, len(rows)),
+            info.step, info.sampled, self._summarise(info, rows),
             ctx_tuple(info.rank_step_context),
             [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
             self.offset, self.base, groups, stalled)
@@ -622,19 +624,20 @@ class Ledger:
             self._send(colls, info)
 
     # --- output ----------------------------------------------------------------------
-    def _summarise(self, info: Any, n: int) -> bool:
-        """Whether a step's collectives become summary spans (docs/collectives.md, "The span
+    def _summarise(self, info: Any, collectives: Sequence[Any] | bytes) -> bool:
+        """Whether a step's collectives (Collective objects, or the plugin's records as the
+        bytes it wrote, 64 a collective) become summary spans (docs/collectives.md, "The span
         policy"): always in summary mode, never in all mode; in auto mode when the sampled
         step's collectives would take the rank past its span budget."""
         if self.budget is None or not info.sampled:
             return self.summary
-        return self.budget.summarise(n, info.end_ns)
+        return self.budget.summarise(nccl_rows.count(collectives), info.end_ns)
 
     def _send(self, colls: list[Collective], info: Any, end_perf: int | None = None,
               points: bool = True) -> None:
         """The collectives of a step as rows: their spans and points are made where spans
         are built (export/collective_rows.py), the exporter process by default."""
-        spec = RowSpec(info.step, info.sampled, self._summarise(info, len(colls)),
+        spec = RowSpec(info.step, info.sampled, self._summarise(info, colls),
                        ctx_tuple(info.rank_step_context),
                        [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
                        self.base, points)
