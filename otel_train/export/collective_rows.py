@@ -80,10 +80,11 @@ class SpanBudget:
     def summarise(self, n: int, now_ns: int) -> bool:
         """True if a step of ``n`` collectives ending at ``now_ns`` is to be summarised;
         otherwise its spans are taken from the budget."""
-        if self.last_ns is not None and now_ns > self.last_ns:
+        if self.last_ns is None:
+            self.last_ns = now_ns
+        elif now_ns > self.last_ns:  # an older step neither refills nor turns the clock back
             self.tokens = min(self.capacity,
                               self.tokens + (now_ns - self.last_ns) * self.per_ns)
-        if self.last_ns is None or now_ns > self.last_ns:
             self.last_ns = now_ns
         if n > self.tokens:
             return True

@@ -323,16 +323,6 @@ def test_ddp_compiled_four_ranks_through_the_comm_hook_without_process_group_hoo
 
 
 # --- in-process ------------------------------------------------------------------------
-@pytest.fixture
-def single_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _compiled_all_reduce_counters(instrumented: bool, tmp_path: Path) -> dict:
     torch._dynamo.reset()
     counters.clear()

@@ -8,29 +8,17 @@ The counters do see a hook that reads the clock inside a compiled region: see
 
 from __future__ import annotations
 
-import socket
 import time
 from collections.abc import Callable
 
 import pytest
 import torch
-import torch.distributed as dist
 from support import training
 from torch._dynamo.utils import counters
 
 import otel_train
 
 BACKEND = "aot_eager"  # dynamo + AOT autograd, as inductor sees them, without C++ builds
-
-
-@pytest.fixture
-def single_rank_group():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _torch_compile(model):

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 from support import otlp_files
+from support.pipeline_fixtures import free_port
 
 from otel_train import semconv as sc
 from otel_train.cli import main
@@ -113,11 +113,8 @@ def _events(run_dir: Path) -> dict[tuple[int, int], list[dict]]:
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("causes")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     sys.path.insert(0, str(Path(__file__).parent))
-    mp.start_processes(_rank, args=(port, str(out)), nprocs=2, join=True, start_method="spawn")
+    mp.start_processes(_rank, args=(free_port(), str(out)), nprocs=2, join=True, start_method="spawn")
     return otlp_files.only_run_dir(out)
 
 

@@ -49,9 +49,7 @@ def promtool_binary() -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def free_ports(n: int) -> list[int]:
