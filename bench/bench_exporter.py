@@ -24,7 +24,7 @@ core, and on everything sent being flushed with nothing dropped; the training pr
 a few microseconds a record. Exits non-zero when the default arm misses one (``--no-verdict`` to only report);
 the ``all`` arm (every collective its own span) is recorded for the comparison.
 
-    python bench/bench_exporter.py [--seconds 8] [--arms auto,all] [--out FILE.md]
+    python bench/bench_exporter.py [--seconds 8] [--arms auto,all] [--repeats 5] [--out FILE.md]
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ from otel_train.export.remote import RemotePipeline  # noqa: E402
 from otel_train.identity import Identity  # noqa: E402
 from otel_train.nccl import RECORD  # noqa: E402
 from otel_train.nccl import rows as nccl_rows  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import overhead_stats as stats  # noqa: E402
 
 TARGET_RECORDS_PER_S = 50_000
 TARGET_US_PER_RECORD = 5.0
@@ -150,6 +153,20 @@ def run_arm(mode: str, seconds: float, per_step: int, step_rate: float,
             "spans": spans, "summary_spans": summaries}
 
 
+def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median round of an arm (by exporter CPU a collective), with every round's figure,
+    their spread and a bootstrap 95% CI of the median; dropped and flushed over all rounds."""
+    per = [r["exporter_us_per_record"] for r in runs]
+    median = sorted(runs, key=lambda r: r["exporter_us_per_record"])[(len(runs) - 1) // 2]
+    dropped: dict[str, int] = {}
+    for r in runs:
+        for signal, n in r["dropped"].items():
+            dropped[signal] = dropped.get(signal, 0) + n
+    low, high = stats.bootstrap_median_ci(per) if len(per) > 1 else (per[0], per[0])
+    return {**median, "rounds": per, "spread": (min(per), max(per)), "ci95": (low, high),
+            "dropped": dropped, "flushed": all(r["flushed"] for r in runs)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=8.0,
@@ -158,12 +175,15 @@ def main() -> int:
     parser.add_argument("--step-rate", type=float, default=100.0)
     parser.add_argument("--arms", default="auto,all",
                         help="span policies to run, of auto, all, summary (default auto,all)")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="rounds of every arm, interleaved (default 5): the median round "
+                             "is reported with the spread and a 95%% CI of the median")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--no-verdict", action="store_true")
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    if args.seconds <= 0 or args.per_step <= 0 or args.step_rate <= 0:
-        parser.error("--seconds, --per-step and --step-rate must be positive")
+    if args.seconds <= 0 or args.per_step <= 0 or args.step_rate <= 0 or args.repeats < 1:
+        parser.error("--seconds, --per-step, --step-rate and --repeats must be positive")
     if not arms or set(arms) - set(config_mod.COLLECTIVE_SPANS):
         parser.error(f"--arms: a list of {', '.join(config_mod.COLLECTIVE_SPANS)}")
     results = {}
@@ -171,11 +191,16 @@ def main() -> int:
         fixed_s = exporter_fixed_cpu_s(Path(tmp))
         print(f"[bench_exporter] an exporter that exports nothing: {fixed_s:.3f} s of CPU",
               file=sys.stderr)
-        for mode in arms:
-            print(f"[bench_exporter] {mode}: {args.seconds:g} s of {args.per_step} "
-                  f"collectives x {args.step_rate:g} steps a second", file=sys.stderr)
-            results[mode] = run_arm(mode, args.seconds, args.per_step, args.step_rate,
-                                    Path(tmp), fixed_s)
+        rounds: dict[str, list[dict[str, Any]]] = {mode: [] for mode in arms}
+        for i in range(args.repeats):
+            for mode in arms:
+                print(f"[bench_exporter] round {i + 1}/{args.repeats}, {mode}: "
+                      f"{args.seconds:g} s of {args.per_step} collectives x "
+                      f"{args.step_rate:g} steps a second", file=sys.stderr)
+                rounds[mode].append(run_arm(mode, args.seconds, args.per_step,
+                                            args.step_rate, Path(tmp) / f"r{i}", fixed_s))
+    for mode, runs in rounds.items():
+        results[mode] = _summary(runs)
     missed = []
     default = results.get(config_mod.Config().collective_spans)
     if default is not None:
@@ -188,20 +213,24 @@ def main() -> int:
             missed.append(f"training-process CPU {default['sender_us_per_record']:.2f} us a "
                           f"collective > {TARGET_US_PER_RECORD}")
         if default["dropped"] or not default["flushed"]:
-            missed.append(f"dropped {default['dropped']}, flushed {default['flushed']}")
+            missed.append(f"dropped {default['dropped']}, flushed {default['flushed']} "
+                          f"(over {args.repeats} rounds)")
     doc = {"date": datetime.datetime.now(datetime.UTC).isoformat(),
            "machine": f"{platform.machine()} {os.cpu_count()} cpus",
            "load": os.getloadavg(), "python": platform.python_version(),
            "settings": vars(args) | {"out": str(args.out)}, "results": results,
            "exporter_fixed_cpu_s": fixed_s,
            "missed": missed}
-    lines = ["| span policy | collectives | offered /s | exporter CPU per collective | "
-             "a core keeps up with /s | wall: collectives/s until flushed "
+    lines = ["| span policy | collectives a round | offered /s | exporter CPU per collective: "
+             "median [95% CI] (min..max) | a core keeps up with /s | wall: collectives/s until "
+             "flushed "
              "| sender CPU per collective | spans (summaries) | steps summarised | dropped |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results.values():
         lines.append(f"| {r['mode']} | {r['collectives']} | {r['offered_per_s']:.0f} | "
-                     f"{r['exporter_us_per_record']:.1f} us | {r['capacity_per_s'] or 0:.0f} | "
+                     f"{r['exporter_us_per_record']:.1f} us [{r['ci95'][0]:.1f}, "
+                     f"{r['ci95'][1]:.1f}] ({r['spread'][0]:.1f}..{r['spread'][1]:.1f}) | "
+                     f"{r['capacity_per_s'] or 0:.0f} | "
                      f"{r['records_per_s']:.0f} | {r['sender_us_per_record']:.2f} us | "
                      f"{r['spans']} ({r['summary_spans']}) | {r['steps_summarised']} of "
                      f"{r['steps']} | {r['dropped'] or 0} |")
@@ -214,7 +243,7 @@ def main() -> int:
             f"# Exporter process throughput\n\n{doc['date']}, {doc['machine']}, Python "
             f"{doc['python']}, load {doc['load'][0]:.2f}\n\n`python bench/bench_exporter.py "
             f"--seconds {args.seconds:g} --per-step {args.per_step} --step-rate "
-            f"{args.step_rate:g} --arms {args.arms}`\n\n{table}\n\nExporter CPU per collective: "
+            f"{args.step_rate:g} --arms {args.arms} --repeats {args.repeats}`\n\n{table}\n\nExporter CPU per collective: "
             f"the exporter's CPU less that of one that exported nothing "
             f"({fixed_s:.3f} s, median of 3).\n\nverdict: {verdict}\n")
         args.out.with_suffix(".json").write_text(json.dumps(doc, indent=1))

@@ -20,7 +20,6 @@ from test_compile_invariance import (
     _module_compile,
     _torch_compile,
 )
-from test_compile_invariance import single_rank_group as single_rank_group  # a fixture
 from test_compile_telemetry import MLP
 from torch._dynamo.utils import counters
 

@@ -161,7 +161,8 @@ def test_exporter_benchmark_quick_run_accounts_for_every_collective(tmp_path: Pa
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "bench_exporter.py"), "--seconds", "2",
-         "--per-step", "200", "--step-rate", "50", "--arms", "auto,summary", "--out", str(out)],
+         "--per-step", "200", "--step-rate", "50", "--arms", "auto,summary", "--repeats", "2",
+         "--out", str(out)],
         env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     doc = json.loads(out.with_suffix(".json").read_text())
