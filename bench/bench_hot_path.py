@@ -14,12 +14,19 @@ Targets (issue 15): training-thread time <= 20 us a step (the median of the bloc
 differences, with its 95% bootstrap CI) and <= 1 us a record. Exits non-zero when one is
 missed (``--no-verdict`` to only report).
 
-Usage: ``python bench/bench_hot_path.py [--blocks 10] [--steps 200] [--out FILE.md]``
+``--parts`` adds a third arm to every round, by part: the four hooks alone (data wait, forward,
+backward, optimizer) driving a :class:`StepTracker` whose records go nowhere, with no
+pipeline, sources, emitter or exporter. Instrumented less hooks-only is what the running
+pipeline (its sources' hooks on the training thread, its threads and the exporter process
+beside it) adds.
+
+Usage: ``python bench/bench_hot_path.py [--blocks 10] [--steps 200] [--parts] [--out FILE.md]``
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -30,6 +37,7 @@ import time
 import timeit
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -38,7 +46,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otel_train
 from otel_train import semconv
 from otel_train.recorder import Recorder
-from otel_train.tracker import StepTracker
+from otel_train.tracker import StepHooks, StepTracker
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_stats as stats  # noqa: E402
@@ -86,20 +94,43 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, n: 
     return wall, cpu
 
 
-def per_step(blocks: int, steps: int, out_dir: Path) -> dict[str, list[float]]:
+class _HooksOnly:
+    """The four step hooks on a tracker whose records go nowhere: no pipeline at all."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.recorder = Recorder(1 << 30)
+        self.hooks = StepHooks(StepTracker(self.recorder, "bench", 0))
+        self.hooks.hook_dataloader()
+        self.hooks.hook_model(self.model)
+        self.hooks.hook_backward()
+        self.hooks.hook_optimizer()
+
+    def __exit__(self, *exc: object) -> None:
+        self.hooks.remove()
+
+
+def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False
+             ) -> dict[str, list[float]]:
     torch.set_num_threads(1)
     model, opt, loader = _setup()
     _steps(model, opt, loader, steps)  # warm-up
-    res: dict[str, list[float]] = {"bare_wall": [], "inst_wall": [], "bare_cpu": [],
-                                   "inst_cpu": []}
-    for _ in range(blocks):
-        wall, cpu = _steps(model, opt, loader, steps)
-        res["bare_wall"].append(statistics.median(wall) / 1e3)
-        res["bare_cpu"].append(statistics.median(cpu) / 1e3)
-        with otel_train.instrument(model, output_dir=out_dir, console_log_level="warning"):
-            wall, cpu = _steps(model, opt, loader, steps)
-        res["inst_wall"].append(statistics.median(wall) / 1e3)
-        res["inst_cpu"].append(statistics.median(cpu) / 1e3)
+    arms = ["bare", "inst", *(["hooks"] if parts else [])]
+    res: dict[str, list[float]] = {f"{a}_{k}": [] for a in arms for k in ("wall", "cpu")}
+    for r in range(blocks):
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # rotate the order
+            ctx: Any = contextlib.nullcontext()
+            if arm == "inst":
+                ctx = otel_train.instrument(model, output_dir=out_dir,
+                                            console_log_level="warning")
+            elif arm == "hooks":
+                ctx = _HooksOnly(model)
+            with ctx:
+                wall, cpu = _steps(model, opt, loader, steps)
+            res[f"{arm}_wall"].append(statistics.median(wall) / 1e3)
+            res[f"{arm}_cpu"].append(statistics.median(cpu) / 1e3)
     return res
 
 
@@ -108,18 +139,36 @@ def _fmt(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} (IQR {q[0]:.2f}–{q[2]:.2f})"
 
 
+def _parts_lines(steps: dict[str, list[float]]) -> list[str]:
+    hooks = stats.paired_difference(steps["bare_cpu"], steps["hooks_cpu"])
+    rest = stats.paired_difference(steps["hooks_cpu"], steps["inst_cpu"])
+    return [
+        "By part (`--parts`, the same rounds, the arms' order rotated each round):",
+        "",
+        "| part | added training-thread CPU a step, µs: median [95% CI] |",
+        "| --- | --- |",
+        f"| the four hooks alone (no pipeline), against bare | {hooks.median:.2f} "
+        f"[{hooks.ci_low:.2f}, {hooks.ci_high:.2f}] |",
+        f"| the running pipeline (instrumented against hooks alone) | {rest.median:.2f} "
+        f"[{rest.ci_low:.2f}, {rest.ci_high:.2f}] |",
+        "",
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--blocks", type=int, default=10)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--parts", action="store_true",
+                        help="a third arm: the four hooks alone, without the pipeline")
     parser.add_argument("--no-verdict", action="store_true")
     args = parser.parse_args()
     if args.blocks < 2 or args.steps < 1:
         parser.error("--blocks must be at least 2 and --steps positive")
     record = per_record_ns()
     with tempfile.TemporaryDirectory() as tmp:
-        steps = per_step(args.blocks, args.steps, Path(tmp))
+        steps = per_step(args.blocks, args.steps, Path(tmp), args.parts)
     over_wall = [i - b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
     over_cpu = [i - b for i, b in zip(steps["inst_cpu"], steps["bare_cpu"])]
     ratio = [i / b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
@@ -151,6 +200,7 @@ def main() -> int:
         f"[{cpu.ci_low:.2f}, {cpu.ci_high:.2f}] (bootstrap over {cpu.rounds} paired blocks); "
         f"step-time ratio {wall.median_ratio:.3f} [{wall.ci_low:.3f}, {wall.ci_high:.3f}].",
         "",
+        *(_parts_lines(steps) if args.parts else []),
         "Targets (issue 15): " + "; ".join(t.describe() for t in TARGETS) + ".",
         "",
         "verdict: " + ("; ".join(missed) if missed else "all targets met"),

@@ -174,3 +174,42 @@ def test_exporter_benchmark_quick_run_accounts_for_every_collective(tmp_path: Pa
     assert summary["steps_summarised"] == summary["steps"]
     assert auto["spans"] > summary["spans"] >= summary["summary_spans"] > 0
     assert ("verdict: all targets met" in out.read_text()) == (proc.returncode == 0)
+
+
+def test_hot_path_hooks_only_arm_records_every_phase_and_restores_everything() -> None:
+    """The ``--parts`` arm of bench_hot_path.py times the real hooks: each step records its
+    four phases and its step, and leaving the arm restores what the hooks replaced."""
+    import bench_hot_path
+    import torch
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from otel_train import semconv
+    from otel_train.recorder import PHASE, STEP
+
+    model, opt, loader = bench_hot_path._setup()
+    next_before, backward_before = _BaseDataLoaderIter.__next__, torch.autograd.backward
+    arm = bench_hot_path._HooksOnly(model)
+    with arm:
+        bench_hot_path._steps(model, opt, loader, 5)
+    records = arm.recorder.drain()
+    phases = [r[2] for r in records if r[0] == PHASE]
+    assert phases[:4] == list(semconv.TIMED_PHASES)
+    assert len(phases) == 4 * 5
+    assert sum(r[0] == STEP for r in records) == 4  # the fifth ends at the next phase
+    assert _BaseDataLoaderIter.__next__ is next_before
+    assert torch.autograd.backward is backward_before
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_hot_path_benchmark_quick_run_reports_parts_and_judges_itself(tmp_path: Path) -> None:
+    out = tmp_path / "hot_path.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_hot_path.py"), "--blocks", "2",
+         "--steps", "20", "--parts", "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    text = out.read_text()
+    assert "| the four hooks alone (no pipeline), against bare |" in text
+    assert "| the running pipeline (instrumented against hooks alone) |" in text
+    assert ("verdict: all targets met" in text) == (proc.returncode == 0)
