@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -143,6 +144,7 @@ class Emitter:
         self.prometheus = prometheus
         self.console = console
         self.sampler = cfg.sampler()
+        self._getrandbits = random.Random().getrandbits  # phase span ids (not the user's RNG)
         self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
         self._handlers: dict[str, Callable[[Any], None]] = {}
         # tuples, replaced whole by a registration or its remover: the emitter thread
@@ -431,6 +433,8 @@ class Emitter:
         if sampled:
             overrides, offset = info.phase_overrides, self.offset
             for _, _, phase, micro, p_start, p_end, span_id in phases:
+                if not span_id:  # nobody asked for it on the training thread (tracker.py)
+                    span_id = self._getrandbits(64) or 1
                 over = overrides.get(span_id)
                 if over is None:
                     p_start, p_end, added, error = p_start + offset, p_end + offset, None, None

@@ -29,30 +29,32 @@ _SIGNAL_OF_KIND = {
 class Recorder:
     """A bounded, drop-newest buffer of records between the training thread and the emitter."""
 
-    __slots__ = ("_queue", "capacity", "dropped")
+    __slots__ = ("queue", "capacity", "dropped")
 
     def __init__(self, capacity: int) -> None:
-        self._queue: collections.deque[tuple[Any, ...]] = collections.deque()
+        #: the records, oldest first: the step tracker appends to it itself while
+        #: ``len(queue) < capacity`` (a call saved at every phase) and calls :meth:`put` past it
+        self.queue: collections.deque[tuple[Any, ...]] = collections.deque()
         self.capacity = capacity
         #: records dropped because the buffer was full, by signal
         self.dropped: collections.Counter[str] = collections.Counter()
 
     def put(self, record: tuple[Any, ...]) -> None:
-        if len(self._queue) >= self.capacity:
+        if len(self.queue) >= self.capacity:
             self.dropped[_SIGNAL_OF_KIND.get(record[0], semconv.SIGNAL_SPANS)] += 1
             return
-        self._queue.append(record)
+        self.queue.append(record)
 
     def put_always(self, record: tuple[Any, ...]) -> None:
         """Append past the capacity: for the few records of setup and teardown only."""
-        self._queue.append(record)
+        self.queue.append(record)
 
     def drain(self, limit: int = 1 << 30) -> list[tuple[Any, ...]]:
         """Everything buffered so far (up to ``limit`` records), oldest first."""
-        popleft = self._queue.popleft
+        popleft = self.queue.popleft
         # what is there now; records put meanwhile wait for the next drain (only this
         # thread takes from the queue, so it never runs short)
-        return [popleft() for _ in range(min(len(self._queue), limit))]
+        return [popleft() for _ in range(min(len(self.queue), limit))]
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self.queue)

@@ -13,6 +13,7 @@ say the same; a test keeps them in step).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -118,14 +119,51 @@ def optimized_module_class() -> type | None:
     return OptimizedModule
 
 
+#: the attribute of otel-train's forward wrapper that holds what ``model.compile()`` had
+#: installed (None where the module was not compiled so)
+WRAPPED_COMPILED_CALL = "_otel_train_compiled_call"
+
+
 def compiled_call_impl(module: torch.nn.Module) -> Any | None:
-    """What ``module.compile()`` installed (``_compiled_call_impl``): forward hooks on such a
-    module would run inside the compiled graph, so the step tracker wraps this instead."""
+    """What ``module.compile()`` installed (``_compiled_call_impl``), None where the module
+    was not compiled so: forward hooks on such a module would run inside the compiled graph,
+    so the step tracker wraps this instead. The step tracker's own wrapper is looked through
+    (it holds what it wraps)."""
+    fn = installed_call_impl(module)
+    return getattr(fn, WRAPPED_COMPILED_CALL, fn)
+
+
+def installed_call_impl(module: torch.nn.Module) -> Any | None:
+    """The instance's ``_compiled_call_impl`` as it is, otel-train's wrapper included."""
     return module.__dict__.get("_compiled_call_impl")
 
 
 def set_compiled_call_impl(module: torch.nn.Module, fn: Any) -> None:
+    """Set the slot ``nn.Module.__call__`` (``_wrapped_call_impl``) calls instead of
+    ``_call_impl`` when it is not None: the step tracker's forward timing, one Python frame a
+    forward where module hooks would take ``_call_impl``'s slow path (no public API times a
+    module's whole call)."""
     module._compiled_call_impl = fn
+
+
+def calls_through_call_impl_slot(module: torch.nn.Module) -> bool:
+    """Whether calling ``module`` reaches ``_compiled_call_impl``: its class keeps
+    ``nn.Module.__call__`` (``_wrapped_call_impl``, which reads the slot) or, like
+    ``torch.compile``'s ``OptimizedModule``, calls it through ``super().__call__``."""
+    call = type(module).__call__
+    optimized = optimized_module_class()
+    return (call is torch.nn.Module.__call__
+            or (optimized is not None and isinstance(module, optimized)
+                and call is optimized.__call__)) and _call_reads_slot()
+
+
+@functools.cache
+def _call_reads_slot() -> bool:
+    try:
+        return ("_compiled_call_impl" in _source(torch.nn.Module._wrapped_call_impl)
+                and callable(getattr(torch.nn.Module, "_call_impl", None)))
+    except (OSError, TypeError, AttributeError):  # no source shipped: hooks instead
+        return False
 
 
 # --- torch.distributed -----------------------------------------------------------------------
@@ -226,6 +264,7 @@ PROBES: dict[str, tuple[str, Callable[[], bool]]] = {
                                lambda: optimized_module_class() is not None),
     "compiled_call_impl": ("model.compile() timed outside the graph",
                            lambda: "_compiled_call_impl" in _source(torch.nn.Module.compile)),
+    "call_impl_slot": ("forward timed in one frame, without module hooks", _call_reads_slot),
     "default_group": ("group=None resolved", lambda: hasattr(_c10d(), "_get_default_group")),
     "process_groups": ("every process group hooked or read",
                        lambda: hasattr(getattr(_c10d(), "_world", None), "pg_map")),

@@ -4,16 +4,24 @@ What is hooked (each restored exactly on exit):
 
 - data wait: ``_BaseDataLoaderIter.__next__`` (every DataLoader iterator; the multi-process
   ones only override ``_next_data``), timed around the call;
-- forward: forward pre/post hooks on the module the user calls. For a ``torch.compile(model)``
-  wrapper they sit on the ``OptimizedModule`` itself, whose hooks run eagerly outside the
-  compiled frame; for ``model.compile()`` (which compiles ``_call_impl`` *with* the hooks) the
-  instance's ``_compiled_call_impl`` is wrapped instead, so nothing enters a compiled graph;
+- forward: the call of the module the user calls, timed around the whole of it (its own
+  hooks, FSDP's among them, included) by the instance's ``_compiled_call_impl``, the slot
+  ``nn.Module.__call__`` looks at first: one Python frame a forward, where module hooks would
+  send every call through ``_call_impl``'s slow path. For a ``torch.compile(model)`` wrapper
+  it is the ``OptimizedModule``'s slot, which runs eagerly outside the compiled frame; for
+  ``model.compile()`` (which compiles ``_call_impl``) the compiled call is wrapped, so nothing
+  enters a compiled graph. A module whose class replaces ``__call__`` gets forward hooks;
 - backward: ``torch.autograd.backward`` (``Tensor.backward`` looks it up at call time);
 - optimizer: the global optimizer step pre/post hooks, or one optimizer's own if given.
 
 A step ends when an optimizer step ends and the next phase begins (so several optimizers
 stepping back to back make one step), or at :meth:`StepTracker.mark_step`. Steps are
 contiguous: step k+1 starts where step k ended, so step durations add up to wall time.
+
+The hooks run a few times a step between torch's own work, with the caches cold, where every
+bytecode costs several times what a microbenchmark shows (docs/overhead.md, "The training
+thread's hooks"): ``begin``/``end`` check the thread themselves, append to the recorder's
+queue without a call, and the batch is measured from its first tensor's shape alone.
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.recorder import PHASE, STEP, Recorder
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER = semconv.TIMED_PHASES
+_Tensor = torch.Tensor
+#: dtypes whose 2-D tensors count as token ids (integers and bools: not float, not complex)
+_SEQUENCES = (tuple, list)
+_TOKEN_DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)
+                          and not d.is_floating_point and not d.is_complex)
 
 _now = time.perf_counter_ns
 _get_ident = threading.get_ident
@@ -52,6 +65,13 @@ os.register_at_fork(after_in_child=_disable_in_forked_child)
 class StepTracker:
     """The training thread's view of the current step; hooks call :meth:`begin`/:meth:`end`."""
 
+    __slots__ = ("__weakref__", "_recorder", "_queue", "_capacity", "run_id", "rank",
+                 "thread_id", "enabled", "fixed_samples", "fixed_tokens", "_count_batches",
+                 "step", "step_start_ns", "pending_end_ns", "forwards", "samples", "tokens",
+                 "phase", "phase_start_ns", "phase_micro", "_span_id", "idle_since_ns",
+                 "data_iter", "_depth", "_getrandbits", "_ids_cache", "phase_hooks",
+                 "step_hooks", "end_hooks")
+
     def __init__(
         self,
         recorder: Recorder,
@@ -60,13 +80,17 @@ class StepTracker:
         samples_per_step: int | None = None,
         tokens_per_step: int | None = None,
     ) -> None:
-        self._put = recorder.put
+        self._recorder = recorder
+        # appended to directly (one length check, one append): Recorder.put is the same,
+        # and takes the records it must drop and count
+        self._queue, self._capacity = recorder.queue, recorder.capacity
         self.run_id = run_id
         self.rank = rank
         self.thread_id = _get_ident()
         self.enabled = True
         self.fixed_samples = samples_per_step
         self.fixed_tokens = tokens_per_step
+        self._count_batches = samples_per_step is None or tokens_per_step is None
         self.step = 0
         self.step_start_ns: int | None = None
         self.pending_end_ns: int | None = None
@@ -76,14 +100,15 @@ class StepTracker:
         self.phase: str | None = None
         self.phase_start_ns = 0
         self.phase_micro = 0
-        self.phase_span_id = 0
+        self._span_id = 0  # the open phase's span id once asked for (phase_span_id)
         #: when the last phase ended (perf ns; 0 before the first): the gap sampler reads it
         self.idle_since_ns = 0
         #: the DataLoader iterator of the data wait in progress (the gap sampler reads which
         #: worker it waits for)
         self.data_iter: Any = None
         self._depth = 0  # phases begun inside an open phase (an LBFGS closure, say)
-        self._rand = random.Random()  # never touch the user's global RNG state
+        # a generator of our own: never touch the user's global RNG state
+        self._getrandbits = random.Random().getrandbits
         self._ids_cache: tuple[int, int, int] = (-1, 0, 0)
         #: optional hooks of sources (cuda_timing, memory, profiler), on the training thread:
         #: ``hook(begin, now_ns)`` after a phase begins and before it ends (read the phase
@@ -96,6 +121,16 @@ class StepTracker:
         #: without a call at every phase boundary
         self.end_hooks: dict[str, tuple[Callable[[int], None], ...]] = {}
         _live_trackers.add(self)
+
+    @property
+    def phase_span_id(self) -> int:
+        """The span id of the open phase (of the last one once it ended), made when first
+        asked for (a log line, CUDA timing, an OOM): a phase nobody asks about gets its id
+        on the emitter thread, a random call less at every phase."""
+        span_id = self._span_id
+        if not span_id and self.phase is not None:
+            span_id = self._span_id = self._getrandbits(64) or 1
+        return span_id
 
     def active(self) -> bool:
         return self.enabled and _get_ident() == self.thread_id
@@ -133,15 +168,75 @@ class StepTracker:
         return remove
 
     # --- phases ----------------------------------------------------------------------
-    def begin(self, phase: str) -> None:
+    def begin(self, phase: str) -> bool:
+        """A phase begins now. False, recording nothing, off the training thread or once
+        recording stopped: the caller then skips :meth:`end` too."""
+        if not self.enabled or _get_ident() != self.thread_id:
+            return False
         try:
-            self._begin(phase)
+            if self.phase is not None and self._begin_inside(phase):
+                return True
+            now = _now()
+            if self.pending_end_ns is not None and phase != OPTIMIZER:
+                self._finish_step()
+            if self.step_start_ns is None:
+                self.step_start_ns = now
+            forwards = self.forwards
+            if phase == FORWARD:
+                self.phase_micro = forwards
+                self.forwards = forwards + 1
+            elif phase == DATA_WAIT:
+                self.phase_micro = forwards
+            else:
+                self.phase_micro = forwards - 1 if forwards else 0
+            self.phase = phase
+            self.phase_start_ns = now
+            self._span_id = 0
+            if self.phase_hooks:
+                for hook in self.phase_hooks:
+                    hook(True, now)
         except Exception as err:
             self._fail(err)
+        return True
+
+    def _begin_inside(self, phase: str) -> bool:
+        """A phase begins while another is open: True if it is nested (counted, not
+        recorded); else the open one is closed first."""
+        if phase != DATA_WAIT:
+            self._depth += 1  # nested: an optimizer's closure running forward/backward
+            return True
+        # Fetching the next batch means the open phase ended without its end hook (an
+        # optimizer step that raised, say): close it here rather than lose the rest.
+        self._depth = 0
+        self.end(self.phase)  # type: ignore[arg-type]
+        return False
 
     def end(self, phase: str) -> None:
+        """The phase begun by the :meth:`begin` that returned True ends now."""
         try:
-            self._end(phase)
+            if self._depth:
+                self._depth -= 1
+                return
+            if self.phase != phase:
+                return
+            now = _now()
+            if self.phase_hooks:
+                for hook in self.phase_hooks:
+                    hook(False, now)
+            if self.end_hooks:
+                for hook in self.end_hooks.get(phase, ()):
+                    hook(now)
+            # span id 0: nobody asked for one while the phase ran, the emitter makes it
+            record = (PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
+                      self._span_id)
+            if len(self._queue) < self._capacity:
+                self._queue.append(record)
+            else:
+                self._recorder.put(record)  # counts the drop
+            self.phase = None
+            self.idle_since_ns = now
+            if phase == OPTIMIZER:
+                self.pending_end_ns = now
         except Exception as err:
             self._fail(err)
 
@@ -152,75 +247,33 @@ class StepTracker:
         warnings.warn(f"otel-train: step tracking failed ({err!r}); recording stops for this "
                       "run, training continues", RuntimeWarning, stacklevel=3)
 
-    def _begin(self, phase: str) -> None:
-        if self.phase is not None:
-            if phase != DATA_WAIT:
-                self._depth += 1  # nested: an optimizer's closure running forward/backward
-                return
-            # Fetching the next batch means the open phase ended without its end hook
-            # (an optimizer step that raised, say): close it here rather than lose the rest.
-            self._depth = 0
-            self._end(self.phase)
-        now = _now()
-        if self.pending_end_ns is not None and phase != OPTIMIZER:
-            self._finish_step()
-        if self.step_start_ns is None:
-            self.step_start_ns = now
-        if phase == FORWARD:
-            self.phase_micro = self.forwards
-            self.forwards += 1
-        elif phase == DATA_WAIT:
-            self.phase_micro = self.forwards
-        else:
-            self.phase_micro = max(self.forwards - 1, 0)
-        self.phase = phase
-        self.phase_start_ns = now
-        self.phase_span_id = self._rand.getrandbits(64) or 1
-        if self.phase_hooks:
-            for hook in self.phase_hooks:
-                hook(True, now)
-
-    def _end(self, phase: str) -> None:
-        if self._depth:
-            self._depth -= 1
-            return
-        if self.phase != phase:
-            return
-        now = _now()
-        if self.phase_hooks:
-            for hook in self.phase_hooks:
-                hook(False, now)
-        if self.end_hooks:
-            for hook in self.end_hooks.get(phase, ()):
-                hook(now)
-        self._put((PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
-                   self.phase_span_id))
-        self.phase = None
-        self.idle_since_ns = now
-        if phase == OPTIMIZER:
-            self.pending_end_ns = now
-
     def count_batch(self, batch: Any) -> None:
-        if self.fixed_samples is None or self.fixed_tokens is None:
-            try:
-                samples, tokens = batch_size(batch)
-            except Exception as err:  # an exotic batch type: count nothing rather than fail
-                internal_errors.count("batch_size", err)
-                return
-            self.samples += samples
-            self.tokens += tokens
+        """Add a batch's samples and tokens to the step's (unless both are fixed)."""
+        if not self._count_batches:
+            return
+        try:
+            samples, tokens = batch_size(batch)
+        except Exception as err:  # an exotic batch type: count nothing rather than fail
+            internal_errors.count("batch_size", err)
+            return
+        self.samples += samples
+        self.tokens += tokens
 
     # --- steps -----------------------------------------------------------------------
     def _finish_step(self) -> None:
         end = self.pending_end_ns
         start = self.step_start_ns if self.step_start_ns is not None else end
-        micro_batches = max(self.forwards, 1)
-        samples = self.fixed_samples if self.fixed_samples is not None else self.samples
-        tokens = self.fixed_tokens if self.fixed_tokens is not None else self.tokens
+        forwards = self.forwards
         if self.step_hooks:
             for hook in self.step_hooks:
                 hook(self.step)
-        self._put((STEP, self.step, start, end, micro_batches, samples, tokens))
+        record = (STEP, self.step, start, end, forwards if forwards > 1 else 1,
+                  self.samples if self.fixed_samples is None else self.fixed_samples,
+                  self.tokens if self.fixed_tokens is None else self.fixed_tokens)
+        if len(self._queue) < self._capacity:
+            self._queue.append(record)
+        else:
+            self._recorder.put(record)  # counts the drop
         self.step += 1
         self.step_start_ns = end
         self.pending_end_ns = None
@@ -271,7 +324,26 @@ def batch_size(batch: Any) -> tuple[int, int]:
 
     Tokens are counted for integer tensors of two or more dimensions (token ids).
     """
-    tensor = _first_tensor(batch)
+    # the common batches (a tensor, a tuple or list starting with one) without a call: each
+    # attribute of a tensor is a trip into torch's bindings, dear with the caches cold
+    kind = type(batch)
+    if kind is _Tensor:
+        tensor = batch
+    elif kind in _SEQUENCES and batch and type(batch[0]) is _Tensor:
+        tensor = batch[0]
+    else:
+        return _batch_size_of(_first_tensor(batch))
+    shape = tensor.shape
+    if not shape:
+        return 0, 0
+    samples = shape[0]
+    if len(shape) >= 2 and tensor.dtype in _TOKEN_DTYPES:
+        return samples, samples * shape[1]
+    return samples, 0
+
+
+def _batch_size_of(tensor: torch.Tensor | None) -> tuple[int, int]:
+    """:func:`batch_size` of any tensor, a subclass too (through its own methods)."""
     if tensor is None or tensor.dim() == 0:
         return 0, 0
     samples = int(tensor.shape[0])
@@ -314,18 +386,28 @@ class StepHooks:
         cls = torch_compat.dataloader_iter_class()
         original = cls.__dict__["__next__"]
         tracker = self.tracker
+        begin, end, count_batch = tracker.begin, tracker.end, tracker.count_batch
 
         def __next__(it: Any) -> Any:
-            if not tracker.active() or (dataset is not None and it._dataset is not dataset):
+            if (dataset is not None and it._dataset is not dataset) or not begin(DATA_WAIT):
                 return original(it)
-            tracker.begin(DATA_WAIT)
             tracker.data_iter = it  # only while waiting: never keeps workers alive
             try:
                 batch = original(it)
             finally:
                 tracker.data_iter = None
-                tracker.end(DATA_WAIT)
-            tracker.count_batch(batch)
+                end(DATA_WAIT)
+            # count_batch's common case inline (a tuple or list of plain tensors: a call
+            # less, and two, at every batch)
+            if type(batch) in _SEQUENCES and batch and type(batch[0]) is _Tensor \
+                    and tracker._count_batches:
+                shape = batch[0].shape
+                if shape:
+                    tracker.samples += shape[0]
+                    if len(shape) >= 2 and batch[0].dtype in _TOKEN_DTYPES:
+                        tracker.tokens += shape[0] * shape[1]
+            else:
+                count_batch(batch)
             return batch
 
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
@@ -334,25 +416,39 @@ class StepHooks:
 
     # --- forward ---------------------------------------------------------------------
     def hook_model(self, model: torch.nn.Module) -> None:
-        tracker = self.tracker
-        compiled_call = torch_compat.compiled_call_impl(model)
-        if compiled_call is not None:  # model.compile(): hooks would run inside the graph
-            def timed_call(*args: Any, **kwargs: Any) -> Any:
-                if not tracker.active():
-                    return compiled_call(*args, **kwargs)
-                tracker.begin(FORWARD)
-                try:
-                    return compiled_call(*args, **kwargs)
-                finally:
-                    tracker.end(FORWARD)
-
-            torch_compat.set_compiled_call_impl(model, timed_call)
-            self._undo.append(lambda: torch_compat.set_compiled_call_impl(model, compiled_call))
+        if not torch_compat.calls_through_call_impl_slot(model):
+            self._hook_model_by_hooks(model)
             return
+        compiled_call = torch_compat.compiled_call_impl(model)
+        # model.compile(): the compiled call (hooks would run inside the graph); else the
+        # module's own _call_impl, its hooks and all
+        call = compiled_call if compiled_call is not None else model._call_impl
+        begin, end = self.tracker.begin, self.tracker.end
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            if not begin(FORWARD):
+                return call(*args, **kwargs)
+            try:
+                return call(*args, **kwargs)
+            finally:
+                end(FORWARD)
+
+        setattr(timed_call, torch_compat.WRAPPED_COMPILED_CALL, compiled_call)
+        torch_compat.set_compiled_call_impl(model, timed_call)
+
+        def undo() -> None:
+            # a model.compile() called meanwhile replaced the wrapper: leave it in place
+            if torch_compat.installed_call_impl(model) is timed_call:
+                torch_compat.set_compiled_call_impl(model, compiled_call)
+
+        self._undo.append(undo)
+
+    def _hook_model_by_hooks(self, model: torch.nn.Module) -> None:
+        """Forward pre/post hooks, for a module whose class has its own ``__call__``."""
+        tracker = self.tracker
 
         def pre_hook(module: Any, args: Any) -> None:
-            if tracker.active():
-                tracker.begin(FORWARD)
+            tracker.begin(FORWARD)
 
         def post_hook(module: Any, args: Any, output: Any) -> None:
             if tracker.active():
@@ -366,16 +462,15 @@ class StepHooks:
     # --- backward --------------------------------------------------------------------
     def hook_backward(self) -> None:
         original = torch.autograd.backward
-        tracker = self.tracker
+        begin, end = self.tracker.begin, self.tracker.end
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if not tracker.active():
+            if not begin(BACKWARD):
                 return original(*args, **kwargs)
-            tracker.begin(BACKWARD)
             try:
                 return original(*args, **kwargs)
             finally:
-                tracker.end(BACKWARD)
+                end(BACKWARD)
 
         backward.__wrapped__ = original  # type: ignore[attr-defined]
         backward.__doc__ = original.__doc__
@@ -385,14 +480,15 @@ class StepHooks:
     # --- optimizer -------------------------------------------------------------------
     def hook_optimizer(self, optimizer: torch.optim.Optimizer | None = None) -> None:
         tracker = self.tracker
+        begin, end = tracker.begin, tracker.end
 
         def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            if tracker.active():
-                tracker.begin(OPTIMIZER)
+            begin(OPTIMIZER)
 
         def post(opt: Any, args: Any, kwargs: Any) -> None:
-            if tracker.active():
-                tracker.end(OPTIMIZER)
+            # another thread's optimizer must not end the training thread's phase
+            if tracker.enabled and _get_ident() == tracker.thread_id:
+                end(OPTIMIZER)
 
         if optimizer is not None:
             handles = [optimizer.register_step_pre_hook(pre),

@@ -199,6 +199,7 @@ def test_hot_path_hooks_only_arm_records_every_phase_and_restores_everything() -
     assert _BaseDataLoaderIter.__next__ is next_before
     assert torch.autograd.backward is backward_before
     assert not model._forward_pre_hooks and not model._forward_hooks
+    assert model.__dict__.get("_compiled_call_impl") is None
 
 
 def test_hot_path_benchmark_quick_run_reports_parts_and_judges_itself(tmp_path: Path) -> None:

@@ -213,6 +213,7 @@ def _patch_state(model):
     return (dl._BaseDataLoaderIter.__dict__["__next__"], torch.autograd.backward,
             dict(optim_mod._global_optimizer_pre_hooks), dict(optim_mod._global_optimizer_post_hooks),
             dict(model._forward_pre_hooks), dict(model._forward_hooks),
+            model.__dict__.get("_compiled_call_impl"),
             logging.getLogRecordFactory(), list(logging.getLogger().handlers),
             structlog.is_configured(), structlog.get_config()["processors"])
 
@@ -435,3 +436,110 @@ def test_cpu_throttling_is_measured_per_step_from_the_cgroup(tmp_path):
     assert points and points[-1]["attrs"][semconv.ATTR_RANK] == 0
     rank_steps = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
     assert all(semconv.ATTR_CPU_THROTTLED in s["attrs"] for s in rank_steps)
+
+
+def _phase_spans(run_dir, name):
+    return sorted((s for s in otlp_files.spans(run_dir) if s["name"] == name),
+                  key=lambda s: s["attrs"][semconv.ATTR_STEP])
+
+
+def test_forward_is_timed_around_the_whole_call_without_module_hooks(tmp_path):
+    """The forward wrapper sits in the call slot, not in module hooks (whose presence sends
+    every call through ``_call_impl``'s slow path), and still covers the module's own
+    pre-hooks (FSDP's unshard, for one): a pre-hook's moment lies inside the forward span."""
+    model, opt, loader = training.setup(batches=3)
+    moments: list[int] = []
+    model.register_forward_pre_hook(lambda m, a: moments.append(time.time_ns()))
+    hooks_before = (dict(model._forward_pre_hooks), dict(model._forward_hooks))
+    with otel_train.instrument(model, output_dir=tmp_path):
+        assert (dict(model._forward_pre_hooks), dict(model._forward_hooks)) == hooks_before
+        training.train(model, opt, loader)
+    assert model.__dict__.get("_compiled_call_impl") is None
+    forwards = _phase_spans(otlp_files.only_run_dir(tmp_path), semconv.SPAN_FORWARD)
+    assert len(forwards) == len(moments) == 3
+    for span, moment in zip(forwards, moments, strict=True):
+        assert int(span["startTimeUnixNano"]) <= moment <= int(span["endTimeUnixNano"])
+
+
+class _OwnCall(torch.nn.Module):
+    """A module whose class has its own ``__call__`` (never reaching the call slot)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 1)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
+
+
+def test_a_module_with_its_own_call_is_timed_by_forward_hooks(tmp_path):
+    _, opt_unused, loader = training.setup(batches=3)
+    model = _OwnCall()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        assert model._forward_pre_hooks and model._forward_hooks
+        training.train(model, opt, loader)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    assert len(_phase_spans(otlp_files.only_run_dir(tmp_path), semconv.SPAN_FORWARD)) == 3
+
+
+def test_a_compile_inside_the_block_is_left_in_place_on_exit(tmp_path):
+    """``model.compile()`` called inside ``instrument()`` replaces the forward wrapper in the
+    call slot; leaving must not undo the user's compile."""
+    model, opt, loader = training.setup(batches=2)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        model.compile(backend="eager")
+        compiled = model.__dict__["_compiled_call_impl"]
+        training.train(model, opt, loader)
+    assert model.__dict__["_compiled_call_impl"] is compiled
+
+
+def test_phase_span_ids_made_off_thread_are_unique_and_match_the_logs(tmp_path, caplog):
+    """Span ids of phases nobody asked about on the training thread are made by the emitter;
+    a line logged inside a forward carries the id of the exported forward span."""
+    caplog.set_level(logging.WARNING)
+    _, _, run_dir = _run(tmp_path, log_fwd=True)
+    spans = otlp_files.spans(run_dir)
+    phase_ids = [s["spanId"] for s in spans if s["name"] in semconv.PHASE_SPAN.values()]
+    assert len(phase_ids) == 4 * 8 == len(set(phase_ids))
+    assert all(int(i, 16) for i in phase_ids)
+    forward_ids = {s["spanId"] for s in spans if s["name"] == semconv.SPAN_FORWARD}
+    logged = {r.span_id for r in caplog.records if r.getMessage() == "inside forward"}
+    assert len(logged) == 8 and logged <= forward_ids
+
+
+@pytest.mark.parametrize(("batch", "expected"), [
+    ((torch.zeros(4, 8), torch.zeros(4, 1)), (4, 0)),
+    ([torch.zeros(3, 16, dtype=torch.long)], (3, 48)),
+    (torch.zeros(5, 7, dtype=torch.int32), (5, 35)),
+    ({"input_ids": torch.zeros(2, 9, dtype=torch.long), "labels": torch.zeros(2)}, (2, 18)),
+    ((torch.zeros(2, 3, dtype=torch.bool),), (2, 6)),
+    ((torch.zeros(6, 2, dtype=torch.complex64),), (6, 0)),
+    ((torch.tensor(1.0),), (0, 0)),
+    (("text", torch.zeros(3, 4, dtype=torch.long)), (3, 12)),
+    ((), (0, 0)),
+])
+def test_samples_and_tokens_of_a_batch(batch, expected):
+    from otel_train.tracker import _batch_size_of, _first_tensor, batch_size
+
+    assert batch_size(batch) == expected
+    assert _batch_size_of(_first_tensor(batch)) == expected  # the general path agrees
+
+
+def test_the_data_wait_counts_samples_and_tokens_of_token_batches(tmp_path):
+    ids = torch.randint(0, 100, (12, 5))
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(ids), batch_size=4)
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 4), torch.nn.Flatten(),
+                                torch.nn.Linear(20, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        for (x,) in loader:
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    rank_steps = _phase_spans(otlp_files.only_run_dir(tmp_path), semconv.SPAN_RANK_STEP)
+    assert [(s["attrs"][semconv.ATTR_SAMPLES], s["attrs"][semconv.ATTR_TOKENS])
+            for s in rank_steps] == [(4, 20)] * 3
