@@ -214,3 +214,48 @@ def test_hot_path_benchmark_quick_run_reports_parts_and_judges_itself(tmp_path: 
     assert "| the four hooks alone (no pipeline), against bare |" in text
     assert "| the running pipeline (instrumented against hooks alone) |" in text
     assert ("verdict: all targets met" in text) == (proc.returncode == 0)
+
+
+def test_step_pairs_bare_steps_run_none_of_otel_train(tmp_path: Path) -> None:
+    """bench_step_pairs.py's switch: in one instrumented run, the bare steps of the pairs
+    are not tracked at all (no step, no phase), the instrumented ones are each one step with
+    their four phases, and leaving restores what the hooks replaced."""
+    import bench_step_pairs
+    import torch
+    from support import otlp_files
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    from otel_train import semconv
+
+    next_before, backward_before = _BaseDataLoaderIter.__next__, torch.autograd.backward
+    pairs, warmup = 12, 3
+    raw = bench_step_pairs.paired_run(bench_step_pairs.cpu_workload(), pairs, warmup,
+                                      tmp_path, seed=1)
+    assert len(raw["bare_wall_ns"]) == len(raw["inst_wall_ns"]) == pairs
+    assert raw["steps_recorded"] == warmup + pairs
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    rank_steps = [s for s in spans if s["name"] == semconv.SPAN_RANK_STEP]
+    assert len(rank_steps) == warmup + pairs
+    for phase_span in semconv.PHASE_SPAN.values():
+        assert sum(s["name"] == phase_span for s in spans) == warmup + pairs, phase_span
+    assert _BaseDataLoaderIter.__next__ is next_before
+    assert torch.autograd.backward is backward_before
+    summary = bench_step_pairs.summarise(raw)
+    assert summary["pairs"] == pairs and summary["ci_low"] <= summary["ratio"] <= summary["ci_high"]
+    assert summary["bound"] >= summary["ratio"]  # background CPU only adds
+
+
+def test_step_pairs_quick_run_reports_the_ratio_and_its_bound(tmp_path: Path) -> None:
+    out = tmp_path / "pairs.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_step_pairs.py"), "--pairs", "20",
+         "--warmup", "5", "--out", str(out), "--json", str(tmp_path / "pairs.json")],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = out.read_text()
+    assert "| **pair ratio, median [95% CI]** |" in text
+    assert "| **bound: pair ratio + threads' CPU / bare step [95% CI]** |" in text
+    assert "verdict: no target on the CPU" in text
+    data = json.loads((tmp_path / "pairs.json").read_text())
+    assert len(data["raw"]["bare_wall_ns"]) == 20 and data["summary"]["pairs"] == 20
