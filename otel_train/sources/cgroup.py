@@ -5,13 +5,19 @@ control: its data loading, kernel launches and collectives' host side all stall 
 of the period. The cgroup's ``cpu.stat`` counts it (v2: ``throttled_usec``; v1:
 ``throttled_time`` in ns).
 
-Per step, exactly: the training thread samples ``cpu.stat`` where the step ends (at the end
-of each optimizer step, the last one winning when several step back to back, or at
-``mark_step``): one ``pread`` of a file descriptor opened at start, a few microseconds, and the
-raw bytes go to the emitter with the step, which parses them and reports the increase since
-the previous step's sample: a counter, and ``training.cpu.throttled_s`` on the step's
-``train.rank_step`` span. (Read when the emitter drained instead, a step was charged with
-throttling that happened in later steps.) The kernel sums throttled time over every CPU
+Per step: the training thread samples ``cpu.stat`` where the step ends (at the end of each
+optimizer step, the last one winning when several step back to back, or at ``mark_step``),
+at most once every :data:`MIN_READ_INTERVAL_NS` (10 ms): one ``pread`` of a file descriptor
+opened at start, and the raw bytes go to the emitter with the step, which parses them and
+reports the increase since the previous sample: a counter, and ``training.cpu.throttled_s``
+on the step's ``train.rank_step`` span. (Read when the emitter drained instead, a step was
+charged with throttling that happened in later steps.) The kernel adds throttled time when a
+CFS period (100 ms by default) refills the quota, so reading more often than that says
+nothing more; but a read is a system call, ~15 us of the training thread a step on a 2-vCPU
+VM once the cold caches are counted (docs/overhead.md), which a 0.4 ms step cannot afford.
+Steps that end within 10 ms of the last read carry 0 and their throttling goes to the next
+sampled step; steps of 10 ms or more (every GPU job) are all sampled. At the end of the run
+a last read puts what no step was charged with into the counter. The kernel sums throttled time over every CPU
 runqueue the cgroup's threads were queued on, so with several threads it can exceed wall
 time; a step's value is capped at the step's duration (the time during which some of its
 threads could not run, at most all of it), the counter keeps the kernel's sum. Where no
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +36,9 @@ from otel_train import internal_errors, semconv
 from otel_train.recorder import EVENT
 
 RECORD = "otel_train.cgroup"
+FINAL_RECORD = "otel_train.cgroup.final"
+#: the shortest time between two reads on the training thread
+MIN_READ_INTERVAL_NS = 10_000_000
 
 _ROOT = Path("/sys/fs/cgroup")
 
@@ -98,6 +108,7 @@ class CgroupSource:
         self.samples: dict[int, bytes] = {}
         self.tracker = ctx.tracker
         self._sample: tuple[int, bytes] | None = None
+        self._last_read_ns = -MIN_READ_INTERVAL_NS  # the first step is sampled
         try:
             self.fd: int | None = os.open(self.path, os.O_RDONLY)
         except OSError:
@@ -105,6 +116,7 @@ class CgroupSource:
         if self.fd is not None:
             self._put = ctx.recorder.put
             ctx.emitter.on_event(RECORD, self._on_record)
+            ctx.emitter.on_event(FINAL_RECORD, self._on_final)
             self._unhooks = [self.tracker.add_end_hook(semconv.PHASE_OPTIMIZER,
                                                        self._optimizer_end),
                              self.tracker.add_step_hook(self._step_hook)]
@@ -117,18 +129,26 @@ class CgroupSource:
 
     def _optimizer_end(self, now: int) -> None:
         # an optimizer step just ended: the step may end here (unless another one follows)
+        self._sample_at(now)
+
+    def _sample_at(self, now: int) -> None:
+        if now - self._last_read_ns < MIN_READ_INTERVAL_NS:
+            return
         try:
             self._sample = (self.tracker.step, self._read())
+            self._last_read_ns = now
         except Exception as err:
             internal_errors.count("cgroup", err)
 
     def _step_hook(self, step: int) -> None:
-        sample, self._sample = self._sample, None
-        try:
-            raw = sample[1] if sample is not None and sample[0] == step else self._read()
-            self._put((EVENT, RECORD, (step, raw)))
-        except Exception as err:
-            internal_errors.count("cgroup", err)
+        sample = self._sample
+        if sample is None or sample[0] != step:
+            # no optimizer step sampled this step (a mark_step loop): here, rate-limited alike
+            self._sample_at(time.perf_counter_ns())
+            sample = self._sample
+        self._sample = None
+        if sample is not None and sample[0] == step:
+            self._put((EVENT, RECORD, sample))
 
     # --- emitter thread --------------------------------------------------------------
     def _on_record(self, payload: tuple[int, bytes]) -> None:
@@ -140,18 +160,36 @@ class CgroupSource:
 
     def _on_step(self, info: Any) -> None:
         raw = self.samples.pop(info.step, None)
-        now = _throttled_of_raw(raw) if raw is not None else throttled_seconds(self.path)
-        delta, self.last = max(0.0, now - self.last), now
+        if raw is not None:
+            delta = self._advance(_throttled_of_raw(raw))
+        elif self.fd is None:  # no descriptor: read at drain time
+            delta = self._advance(throttled_seconds(self.path))
+        else:  # not sampled (within the read interval): the next sample carries it
+            delta = 0.0
         duration_s = max(0.0, (info.end_ns - info.start_ns) / 1e9)
         info.extra_attributes[semconv.ATTR_CPU_THROTTLED] = min(delta, duration_s)
+
+    def _on_final(self, raw: bytes) -> None:
+        """The run's last read: what no sampled step was charged with, into the counter."""
+        self._advance(_throttled_of_raw(raw))
+
+    def _advance(self, now: float) -> float:
+        delta, self.last = max(0.0, now - self.last), max(now, self.last)
         if delta:
             self.counter.add(delta, self.attrs)
             self.emitter.add_cpu_throttled(delta)
+        return delta
 
     def stop(self) -> None:
         for unhook in getattr(self, "_unhooks", ()):
             unhook()
-        fd, self.fd = getattr(self, "fd", None), None
+        fd = getattr(self, "fd", None)
+        if fd is not None:  # after the last step's record: the emitter sees it after them
+            try:
+                self._put((EVENT, FINAL_RECORD, self._read()))
+            except Exception as err:
+                internal_errors.count("cgroup", err)
+        self.fd = None
         if fd is not None:
             try:
                 os.close(fd)

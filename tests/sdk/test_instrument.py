@@ -438,6 +438,52 @@ def test_cpu_throttling_is_measured_per_step_from_the_cgroup(tmp_path):
     assert all(semconv.ATTR_CPU_THROTTLED in s["attrs"] for s in rank_steps)
 
 
+def test_fast_steps_read_the_cgroup_at_most_every_10_ms(tmp_path, monkeypatch):
+    """A read of ``cpu.stat`` is a system call on the training thread: steps far shorter
+    than a CFS period share one read every 10 ms (and a last one at the end), each step
+    still carries its throttled time, and the counter is exported. A spy counts the real
+    reads of the source's descriptor from the training thread."""
+    from otel_train.sources import cgroup
+
+    if cgroup.cpu_stat_path() is None:
+        from support.binaries import binaries_required
+
+        if binaries_required():
+            pytest.fail("no cgroup cpu.stat on this machine")
+        pytest.skip("no cgroup cpu.stat on this machine")
+    real_pread, main = os.pread, threading.get_ident()
+    stat_fds: set[int] = set()
+    reads = Counter()
+
+    def pread(fd, n, offset):
+        if threading.get_ident() == main and fd in stat_fds:
+            reads["training thread"] += 1
+        return real_pread(fd, n, offset)
+
+    real_open = os.open
+
+    def spy_open(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        if str(path).endswith("cpu.stat"):
+            stat_fds.add(fd)
+        return fd
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "pread", pread)
+    model, opt, loader = training.setup(batches=200, batch_size=1)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        started = time.perf_counter()
+        steps = training.train(model, opt, loader)
+        elapsed = time.perf_counter() - started
+    assert steps == 200
+    assert 2 <= reads["training thread"] <= elapsed / 0.010 + 3, (reads, elapsed)
+    run_dir = otlp_files.only_run_dir(tmp_path)
+    rank_steps = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
+    assert len(rank_steps) == 200
+    assert all(semconv.ATTR_CPU_THROTTLED in s["attrs"] for s in rank_steps)
+    assert otlp_files.metric_points(run_dir, semconv.METRIC_CPU_THROTTLED_TIME)
+
+
 def _phase_spans(run_dir, name):
     return sorted((s for s in otlp_files.spans(run_dir) if s["name"] == name),
                   key=lambda s: s["attrs"][semconv.ATTR_STEP])
