@@ -31,13 +31,24 @@ half-width <= 0.005. On the CPU (``--device cpu``, a tiny MLP whose steps are ~0
 the hooks' microseconds are percents) no target applies: the run checks the method, and
 ``tests/sdk/test_bench_overhead.py`` runs it quickly in CI.
 
+``--parts ROUNDS`` measures the training thread's cost by part instead: rounds of paired runs
+(``--pairs`` each) of several instrumented variants interleaved in one process (the machine's
+drift between processes is larger than the parts), each against its own bare steps:
+
+- ``default``: every source, as users run it;
+- ``cgroup_every_step``: the cgroup's ``cpu.stat`` read at every step's end (the interval
+  of ``sources/cgroup.py`` set to 0, as it was before 2026-12-01);
+- ``no_cgroup``: every source but the cgroup's;
+- ``no_sources``: the step hooks and tracker alone (no source at all).
+
 Usage: ``python bench/bench_step_pairs.py [--device cpu|cuda] [--pairs 1000] [--out FILE.md]``
-(``--json FILE`` for the raw per-step figures).
+(``--json FILE`` for the raw per-step figures; ``--parts 6 --pairs 500`` for the parts).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import random
@@ -57,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_stats as stats  # noqa: E402
 
 import otel_train  # noqa: E402
+from otel_train.sources import cgroup  # noqa: E402
 
 TARGETS = [stats.Target("bound", "<=", 1.005, "step-time ratio with background CPU (bound)"),
            stats.Target("half_width", "<=", 0.005, "95% CI half-width of the pair ratio")]
@@ -318,6 +330,69 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
     return "\n".join(lines) + "\n"
 
 
+# --- by part -----------------------------------------------------------------------------------
+
+PART_ARMS = ("default", "cgroup_every_step", "no_cgroup", "no_sources")
+
+
+_INSTRUMENT = importlib.import_module("otel_train.instrument")
+_ALL_SOURCES: tuple[str, ...] = _INSTRUMENT.SOURCES
+_CGROUP_INTERVAL_NS = cgroup.MIN_READ_INTERVAL_NS
+
+
+def _configure(arm: str) -> None:
+    """The sources (and the cgroup's read interval) of one variant, for the next run."""
+    cgroup.MIN_READ_INTERVAL_NS = 0 if arm == "cgroup_every_step" else _CGROUP_INTERVAL_NS
+    _INSTRUMENT.SOURCES = {
+        "no_sources": (),
+        "no_cgroup": tuple(s for s in _ALL_SOURCES if not s.startswith(_CGROUP_SOURCE)),
+    }.get(arm, _ALL_SOURCES)
+
+
+_CGROUP_SOURCE = "otel_train.sources.cgroup:"
+
+
+def parts_run(workload: Workload, rounds: int, pairs: int, warmup: int, out_dir: Path,
+              seed: int) -> dict[str, Any]:
+    """Pairs of every arm of :data:`PART_ARMS`, rounds interleaved (order rotated)."""
+    pooled: dict[str, dict[str, list[int]]] = {
+        arm: {"bare_cpu_ns": [], "inst_cpu_ns": [], "bare_wall_ns": [], "inst_wall_ns": []}
+        for arm in PART_ARMS}
+    for r in range(rounds):
+        for arm in PART_ARMS[r % len(PART_ARMS):] + PART_ARMS[:r % len(PART_ARMS)]:
+            _configure(arm)
+            raw = paired_run(workload, pairs, warmup, out_dir / f"{arm}-{r}", seed + r)
+            for key, values in pooled[arm].items():
+                values.extend(raw[key])
+    _configure("default")
+    out: dict[str, Any] = {}
+    for arm, raw in pooled.items():
+        cpu = stats.paired_difference(raw["bare_cpu_ns"], raw["inst_cpu_ns"])
+        ratio = stats.paired_ratio(raw["bare_wall_ns"], raw["inst_wall_ns"])
+        out[arm] = {"pairs": cpu.rounds, "cpu_us": cpu.median / 1e3,
+                    "cpu_ci_us": (cpu.ci_low / 1e3, cpu.ci_high / 1e3),
+                    "ratio": ratio.median_ratio, "ratio_ci": (ratio.ci_low, ratio.ci_high)}
+    return out
+
+
+def parts_markdown(parts: dict[str, Any], env: dict[str, Any], args: argparse.Namespace
+                   ) -> str:
+    rows = [(arm, v["pairs"], f"{v['cpu_us']:.1f} [{v['cpu_ci_us'][0]:.1f}, "
+                               f"{v['cpu_ci_us'][1]:.1f}]",
+             f"{v['ratio']:.4f} [{v['ratio_ci'][0]:.4f}, {v['ratio_ci'][1]:.4f}]")
+            for arm, v in parts.items()]
+    return "\n".join([
+        "# Step-paired overhead by part: the training thread's cost of each variant", "",
+        f"`python bench/bench_step_pairs.py --device {args.device} --parts {args.parts} "
+        f"--pairs {args.pairs}`: rounds of paired runs of each variant, interleaved in one "
+        "process (order rotated each round), each against its own bare steps.", "",
+        stats.environment_markdown(env), "",
+        stats.markdown_table(["variant", "pairs", "training thread's CPU added a step, µs "
+                              "[95% CI]", "pair ratio [95% CI]"], rows), "",
+        "No target applies to a part: the parts say where the training thread's time goes.",
+        ""])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -330,6 +405,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="the markdown result")
     parser.add_argument("--json", type=Path, default=None, help="summary and raw steps")
     parser.add_argument("--no-verdict", action="store_true")
+    parser.add_argument("--parts", type=int, default=0, metavar="ROUNDS",
+                        help="the cost by part instead: ROUNDS rounds of every variant")
     args = parser.parse_args()
     if args.pairs < 10:
         parser.error("--pairs must be at least 10 (a CI needs pairs)")
@@ -338,6 +415,17 @@ def main() -> int:
     warmup = args.warmup if args.warmup is not None else (20 if args.device == "cuda" else 200)
     env = stats.environment()
     workload = cuda_workload(args.quick) if args.device == "cuda" else cpu_workload()
+    if args.parts:
+        with tempfile.TemporaryDirectory() as tmp:
+            parts = parts_run(workload, args.parts, args.pairs, warmup, Path(tmp), args.seed)
+        text = parts_markdown(parts, env, args)
+        print(text)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(text)
+        if args.json:
+            args.json.write_text(json.dumps({"environment": env, "parts": parts}, indent=1))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         raw = paired_run(workload, args.pairs, warmup, Path(tmp), args.seed)
     res = summarise(raw)

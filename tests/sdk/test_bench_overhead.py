@@ -259,3 +259,31 @@ def test_step_pairs_quick_run_reports_the_ratio_and_its_bound(tmp_path: Path) ->
     assert "verdict: no target on the CPU" in text
     data = json.loads((tmp_path / "pairs.json").read_text())
     assert len(data["raw"]["bare_wall_ns"]) == 20 and data["summary"]["pairs"] == 20
+
+
+def test_step_pairs_parts_measure_every_variant_and_restore_the_sources(tmp_path: Path) -> None:
+    import importlib
+
+    import bench_step_pairs
+
+    from otel_train.sources import cgroup
+
+    instrument_module = importlib.import_module("otel_train.instrument")
+    sources_before, interval_before = instrument_module.SOURCES, cgroup.MIN_READ_INTERVAL_NS
+    parts = bench_step_pairs.parts_run(bench_step_pairs.cpu_workload(), rounds=1, pairs=10,
+                                       warmup=3, out_dir=tmp_path, seed=1)
+    assert set(parts) == set(bench_step_pairs.PART_ARMS)
+    assert all(v["pairs"] == 10 for v in parts.values())
+    assert instrument_module.SOURCES == sources_before
+    assert cgroup.MIN_READ_INTERVAL_NS == interval_before > 0
+    # each variant really ran as named: no source wrote a cgroup sample in "no_sources"
+    from support import otlp_files
+
+    from otel_train import semconv
+
+    for arm, has_cgroup in (("no_sources", False),
+                            ("default", cgroup.cpu_stat_path() is not None)):
+        run_dir = otlp_files.only_run_dir(tmp_path / f"{arm}-0")
+        steps = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
+        assert steps and all((semconv.ATTR_CPU_THROTTLED in s["attrs"]) == has_cgroup
+                             for s in steps), arm
