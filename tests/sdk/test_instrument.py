@@ -543,6 +543,21 @@ def test_a_compile_inside_the_block_is_left_in_place_on_exit(tmp_path):
     assert model.__dict__["_compiled_call_impl"] is compiled
 
 
+def test_a_copy_made_inside_the_block_does_not_carry_the_forward_wrapper(tmp_path):
+    """An EMA or evaluation copy (``copy.deepcopy``) made while instrumented must call its own
+    ``_call_impl``, not the original model's through otel-train's wrapper."""
+    import copy
+
+    model, opt, loader = training.setup(batches=2)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        ema = copy.deepcopy(model)
+        with torch.no_grad():
+            ema.net[0].weight.zero_()
+        x = torch.randn(3, 8)
+        assert not torch.equal(ema(x), model(x))
+    assert ema.__dict__.get("_compiled_call_impl") is None
+
+
 def test_phase_span_ids_made_off_thread_are_unique_and_match_the_logs(tmp_path, caplog):
     """Span ids of phases nobody asked about on the training thread are made by the emitter;
     a line logged inside a forward carries the id of the exported forward span."""
