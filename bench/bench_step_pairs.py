@@ -38,8 +38,11 @@ drift between processes is larger than the parts), each against its own bare ste
 - ``default``: every source, as users run it;
 - ``cgroup_every_step``: the cgroup's ``cpu.stat`` read at every step's end (the interval
   of ``sources/cgroup.py`` set to 0, as it was before 2026-12-01);
-- ``no_cgroup``: every source but the cgroup's;
+- ``no_cgroup``, ``no_cuda_timing``, ``no_memory``: every source but that one;
 - ``no_sources``: the step hooks and tracker alone (no source at all).
+
+The CPU run compares the first two and the last two by default, the CUDA run ``default``,
+``no_cuda_timing``, ``no_memory`` and ``no_sources`` (``--arms`` picks others).
 
 Usage: ``python bench/bench_step_pairs.py [--device cpu|cuda] [--pairs 1000] [--out FILE.md]``
 (``--json FILE`` for the raw per-step figures; ``--parts 6 --pairs 500`` for the parts).
@@ -333,6 +336,11 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
 # --- by part -----------------------------------------------------------------------------------
 
 PART_ARMS = ("default", "cgroup_every_step", "no_cgroup", "no_sources")
+CUDA_PART_ARMS = ("default", "no_cuda_timing", "no_memory", "no_sources")
+#: which source each ``no_<name>`` variant leaves out
+_LEFT_OUT = {"no_cgroup": "otel_train.sources.cgroup:",
+             "no_cuda_timing": "otel_train.sources.gpu.cuda_timing:",
+             "no_memory": "otel_train.sources.gpu.memory:"}
 
 
 _INSTRUMENT = importlib.import_module("otel_train.instrument")
@@ -342,24 +350,25 @@ _CGROUP_INTERVAL_NS = cgroup.MIN_READ_INTERVAL_NS
 
 def _configure(arm: str) -> None:
     """The sources (and the cgroup's read interval) of one variant, for the next run."""
+    if arm not in (*PART_ARMS, *CUDA_PART_ARMS):
+        raise ValueError(f"unknown variant {arm!r}")
     cgroup.MIN_READ_INTERVAL_NS = 0 if arm == "cgroup_every_step" else _CGROUP_INTERVAL_NS
-    _INSTRUMENT.SOURCES = {
-        "no_sources": (),
-        "no_cgroup": tuple(s for s in _ALL_SOURCES if not s.startswith(_CGROUP_SOURCE)),
-    }.get(arm, _ALL_SOURCES)
-
-
-_CGROUP_SOURCE = "otel_train.sources.cgroup:"
+    if arm == "no_sources":
+        _INSTRUMENT.SOURCES = ()
+    elif arm in _LEFT_OUT:
+        _INSTRUMENT.SOURCES = tuple(s for s in _ALL_SOURCES if not s.startswith(_LEFT_OUT[arm]))
+    else:
+        _INSTRUMENT.SOURCES = _ALL_SOURCES
 
 
 def parts_run(workload: Workload, rounds: int, pairs: int, warmup: int, out_dir: Path,
-              seed: int) -> dict[str, Any]:
-    """Pairs of every arm of :data:`PART_ARMS`, rounds interleaved (order rotated)."""
+              seed: int, arms: tuple[str, ...] = PART_ARMS) -> dict[str, Any]:
+    """Pairs of every variant of ``arms``, rounds interleaved (order rotated)."""
     pooled: dict[str, dict[str, list[int]]] = {
         arm: {"bare_cpu_ns": [], "inst_cpu_ns": [], "bare_wall_ns": [], "inst_wall_ns": []}
-        for arm in PART_ARMS}
+        for arm in arms}
     for r in range(rounds):
-        for arm in PART_ARMS[r % len(PART_ARMS):] + PART_ARMS[:r % len(PART_ARMS)]:
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
             _configure(arm)
             raw = paired_run(workload, pairs, warmup, out_dir / f"{arm}-{r}", seed + r)
             for key, values in pooled[arm].items():
@@ -407,7 +416,14 @@ def main() -> int:
     parser.add_argument("--no-verdict", action="store_true")
     parser.add_argument("--parts", type=int, default=0, metavar="ROUNDS",
                         help="the cost by part instead: ROUNDS rounds of every variant")
+    parser.add_argument("--arms", default=None,
+                        help="--parts: the variants, comma-separated (default by device)")
     args = parser.parse_args()
+    arms = tuple(a for a in (args.arms or "").split(",") if a) or (
+        CUDA_PART_ARMS if args.device == "cuda" else PART_ARMS)
+    unknown = [a for a in arms if a not in (*PART_ARMS, *CUDA_PART_ARMS)]
+    if unknown:
+        parser.error(f"--arms: unknown variant(s) {', '.join(unknown)}")
     if args.pairs < 10:
         parser.error("--pairs must be at least 10 (a CI needs pairs)")
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -417,7 +433,8 @@ def main() -> int:
     workload = cuda_workload(args.quick) if args.device == "cuda" else cpu_workload()
     if args.parts:
         with tempfile.TemporaryDirectory() as tmp:
-            parts = parts_run(workload, args.parts, args.pairs, warmup, Path(tmp), args.seed)
+            parts = parts_run(workload, args.parts, args.pairs, warmup, Path(tmp), args.seed,
+                              arms)
         text = parts_markdown(parts, env, args)
         print(text)
         if args.out:
