@@ -213,9 +213,15 @@ def settle(inst: Any) -> None:
     time.sleep(interval + 0.2)  # the drain that took the last records, and their export
 
 
-def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed: int
-               ) -> dict[str, Any]:
+def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed: int,
+               instrument: Callable[[], Any] | None = None) -> dict[str, Any]:
+    """Pairs of steps in one instrumented run (``instrument()`` makes its context manager;
+    default settings by default). Ranks that call this with one seed switch the same steps."""
     model, opt, step, sync = workload
+    if instrument is None:
+        def instrument() -> Any:
+            return otel_train.instrument(model, optimizer=opt, output_dir=out_dir,
+                                         console_log_level="warning")
     for _ in range(warmup):  # compile, allocator and caches settle, bare
         step()
     sync()
@@ -225,8 +231,7 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
     bare_cpu: list[int] = []
     inst_cpu: list[int] = []
     first: list[str] = []
-    with otel_train.instrument(model, optimizer=opt, output_dir=out_dir,
-                               console_log_level="warning") as inst:
+    with instrument() as inst:
         switch = Switch(inst)
         for _ in range(warmup):  # the run's start-up (exporter, sources) settles, instrumented
             step()

@@ -24,6 +24,10 @@ Modes, run in this order in one process (the model compiles once), each into ``D
   rusage once it is waited for) and per thread (/proc), instrumented minus bare, per step
   from the difference of the two lengths (start and stop costs cancel).
 - ``emitter_profile`` (only when named): cProfile of the emitter thread over one block.
+- ``pairs`` (only when named): instrumented and bare steps paired inside one instrumented
+  run, ``--pairs`` pairs (bench/bench_step_pairs.py's method: the training-thread part
+  switched off and on between steps, every rank switching the same steps): the pair ratio
+  with its 95% CI and, as an upper bound, the ratio plus otel-train's threads' CPU per step.
 - ``hang``: rank ``--slow-rank`` stops calling collectives for ``--hang-s`` (more than the
   stall timeout, less than the process group's ``--pg-timeout-s``); every rank synchronises at
   the end of each step, so the others wait inside NCCL. Stall detection must report it first.
@@ -62,7 +66,7 @@ from otel_train.sources.gpu import kineto as gpu_trace  # noqa: E402
 MODES = ("normal", "straggler", "straggler_gpu", "profile", "overhead", "hang")
 #: modes run only when named: the exact CPU cost by arm and thread, and a cProfile of the
 #: emitter thread (docs/overhead.md)
-EXTRA_MODES = ("cost", "emitter_profile", "emitter_parts")
+EXTRA_MODES = ("cost", "emitter_profile", "emitter_parts", "pairs")
 
 
 def build(cfg: GPTConfig, device: torch.device, compiled: bool) -> tuple[nn.Module, Any]:
@@ -253,6 +257,22 @@ class Trainer:
         out.update(ratios=first["ratios"], ratio_median=first["ratio_median"],
                    ratio_min=first["ratio_min"], ratio_max=first["ratio_max"])
         return out
+
+    def pairs(self) -> dict[str, Any]:
+        import bench_step_pairs
+
+        counter = iter(range(1 << 62))
+
+        def step() -> None:
+            self.step(next(counter))
+
+        raw = bench_step_pairs.paired_run(
+            (self.model, self.opt, step, self.sync), self.args.pairs, 3, self.out / "pairs",
+            self.args.pairs_seed, instrument=lambda: self.instrument("pairs"))
+        summary = bench_step_pairs.summarise(raw)
+        missed = bench_step_pairs.stats.verdict(summary, bench_step_pairs.TARGETS)
+        return {**summary, "verdict": missed or "all targets met",
+                **{k: raw[k] for k in ("bare_wall_ns", "inst_wall_ns", "first")}}
 
     COST_ARMS: dict[str, dict[str, Any]] = {
         "default": {},  # the exporter process
@@ -586,6 +606,9 @@ def main() -> None:
                         help="instrumented arms, from Trainer.ARMS")
     parser.add_argument("--cost-arms", default="default,inproc",
                         help="instrumented arms of the cost mode, from Trainer.COST_ARMS")
+    parser.add_argument("--pairs", type=int, default=300, help="pairs mode: step pairs")
+    parser.add_argument("--pairs-seed", type=int, default=20240615,
+                        help="pairs mode: the order's seed (the same on every rank)")
     parser.add_argument("--cost-short", type=int, default=10)
     parser.add_argument("--cost-long", type=int, default=40)
     parser.add_argument("--cost-repeats", type=int, default=3)

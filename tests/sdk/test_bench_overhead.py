@@ -287,3 +287,24 @@ def test_step_pairs_parts_measure_every_variant_and_restore_the_sources(tmp_path
         steps = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
         assert steps and all((semconv.ATTR_CPU_THROTTLED in s["attrs"]) == has_cgroup
                              for s in steps), arm
+
+
+def test_multigpu_pairs_mode_runs_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """bench/multigpu/run.py's pairs mode (the x2 measurement to come), checked end to end
+    with --dry-run: two gloo ranks, FSDP2, the same steps switched on every rank."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2",
+         str(REPO / "bench" / "multigpu" / "run.py"), "--dry-run", "--modes", "pairs",
+         "--pairs", "12", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    firsts = []
+    for rank in (0, 1):
+        res = json.loads((tmp_path / f"result-rank{rank}.json").read_text())["modes"]["pairs"]
+        assert "error" not in res, res
+        assert res["pairs"] == 12 and res["steps_recorded"] == 3 + 12
+        assert res["bound"] >= res["ratio"] and "verdict" in res
+        firsts.append(res["first"])
+    assert firsts[0] == firsts[1]  # every rank switched the same steps
