@@ -42,8 +42,8 @@ from otel_train.recorder import PHASE, STEP, Recorder
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER = semconv.TIMED_PHASES
 _Tensor = torch.Tensor
-#: dtypes whose 2-D tensors count as token ids (integers and bools: not float, not complex)
 _SEQUENCES = (tuple, list)
+#: dtypes whose 2-D tensors count as token ids (integers and bools: not float, not complex)
 _TOKEN_DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch.dtype)
                           and not d.is_floating_point and not d.is_complex)
 
@@ -124,11 +124,13 @@ class StepTracker:
 
     @property
     def phase_span_id(self) -> int:
-        """The span id of the open phase (of the last one once it ended), made when first
-        asked for (a log line, CUDA timing, an OOM): a phase nobody asks about gets its id
-        on the emitter thread, a random call less at every phase."""
+        """The span id of the open phase, made when first asked for on the training thread
+        (a log line, CUDA timing, an OOM there): a phase nobody asks about gets its id on the
+        emitter thread, a random call less at every phase. 0 where none is made: asked on
+        another thread before the training thread asked (made there, it could miss the
+        phase's record, read meanwhile by ``end``), or once the phase ended unasked."""
         span_id = self._span_id
-        if not span_id and self.phase is not None:
+        if not span_id and self.phase is not None and _get_ident() == self.thread_id:
             span_id = self._span_id = self._getrandbits(64) or 1
         return span_id
 
@@ -315,7 +317,8 @@ class StepTracker:
             trace_id = identity.step_trace_id(self.run_id, step)
             rank_span = identity.rank_step_span_id(self.run_id, step, self.rank)
             self._ids_cache = (step, trace_id, rank_span)
-        span_id = self.phase_span_id if self.phase is not None else rank_span
+        # another thread's line inside a phase whose id is not made yet: the rank step's
+        span_id = (self.phase_span_id or rank_span) if self.phase is not None else rank_span
         return step, trace_id, span_id
 
 

@@ -17,11 +17,11 @@ nothing more; but a read is a system call, ~15 us of the training thread a step 
 VM once the cold caches are counted (docs/overhead.md), which a 0.4 ms step cannot afford.
 Steps that end within 10 ms of the last read carry 0 and their throttling goes to the next
 sampled step; steps of 10 ms or more (every GPU job) are all sampled. At the end of the run
-a last read puts what no step was charged with into the counter. The kernel sums throttled time over every CPU
-runqueue the cgroup's threads were queued on, so with several threads it can exceed wall
-time; a step's value is capped at the step's duration (the time during which some of its
-threads could not run, at most all of it), the counter keeps the kernel's sum. Where no
-``cpu.stat`` is readable the source says so once and stays off.
+a last read puts what no step was charged with into the counter. The kernel sums throttled
+time over every CPU runqueue the cgroup's threads were queued on, so with several threads it
+can exceed wall time; a step's value is capped at the step's duration (the time during which
+some of its threads could not run, at most all of it), the counter keeps the kernel's sum.
+Where no ``cpu.stat`` is readable the source says so once and stays off.
 """
 
 from __future__ import annotations

@@ -572,6 +572,39 @@ def test_phase_span_ids_made_off_thread_are_unique_and_match_the_logs(tmp_path, 
     assert len(logged) == 8 and logged <= forward_ids
 
 
+class _ThreadLogging(torch.nn.Module):
+    """A forward that has another thread log a line (a helper thread of the model's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        helper = threading.Thread(target=logging.getLogger("user.helper").warning,
+                                  args=("from a helper thread",))
+        helper.start()
+        helper.join()
+        return self.net(x)
+
+
+def test_a_line_from_another_thread_inside_a_phase_resolves_to_an_exported_span(tmp_path,
+                                                                               caplog):
+    """Phase span ids are made on the training thread only; another thread's line inside a
+    phase whose id is not made yet carries the rank step's span, never an id no span has."""
+    caplog.set_level(logging.WARNING)
+    _, opt_unused, loader = training.setup(batches=3)
+    model = _ThreadLogging()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with otel_train.instrument(model, output_dir=tmp_path):
+        training.train(model, opt, loader)
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    by_id = {s["spanId"]: s for s in spans}
+    lines = [r for r in caplog.records if r.getMessage() == "from a helper thread"]
+    assert len(lines) == 3
+    for record in lines:
+        assert by_id[record.span_id]["name"] == semconv.SPAN_RANK_STEP
+
+
 @pytest.mark.parametrize(("batch", "expected"), [
     ((torch.zeros(4, 8), torch.zeros(4, 1)), (4, 0)),
     ([torch.zeros(3, 16, dtype=torch.long)], (3, 48)),
