@@ -14,11 +14,12 @@ Targets (issue 15): training-thread time <= 20 us a step (the median of the bloc
 differences, with its 95% bootstrap CI) and <= 1 us a record. Exits non-zero when one is
 missed (``--no-verdict`` to only report).
 
-``--parts`` adds a third arm to every round, by part: the four hooks alone (data wait, forward,
+``--parts`` adds two arms to every round, by part: the four hooks alone (data wait, forward,
 backward, optimizer) driving a :class:`StepTracker` whose records go nowhere, with no
-pipeline, sources, emitter or exporter. Instrumented less hooks-only is what the running
-pipeline (its sources' hooks on the training thread, its threads and the exporter process
-beside it) adds.
+pipeline, sources, emitter or exporter; and their wrappers alone (the tracker's ``begin``
+declining at once). Instrumented less hooks-only is what the running pipeline (its sources'
+hooks on the training thread, its threads and the exporter process beside it) adds; hooks
+less wrappers is the tracker's own work.
 
 Usage: ``python bench/bench_hot_path.py [--blocks 10] [--steps 200] [--parts] [--out FILE.md]``
 """
@@ -94,15 +95,24 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, n: 
     return wall, cpu
 
 
+class _Declining(StepTracker):
+    """A tracker whose ``begin`` declines at once: the hooks' wrappers run, nothing else."""
+
+    def begin(self, phase: str) -> bool:
+        return False
+
+
 class _HooksOnly:
     """The four step hooks on a tracker whose records go nowhere: no pipeline at all."""
+
+    tracker_class: type[StepTracker] = StepTracker
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
     def __enter__(self) -> None:
         self.recorder = Recorder(1 << 30)
-        self.hooks = StepHooks(StepTracker(self.recorder, "bench", 0))
+        self.hooks = StepHooks(self.tracker_class(self.recorder, "bench", 0))
         self.hooks.hook_dataloader()
         self.hooks.hook_model(self.model)
         self.hooks.hook_backward()
@@ -112,12 +122,18 @@ class _HooksOnly:
         self.hooks.remove()
 
 
+class _WrappersOnly(_HooksOnly):
+    """The four hooks' wrappers alone: each calls ``begin``, which declines."""
+
+    tracker_class = _Declining
+
+
 def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False
              ) -> dict[str, list[float]]:
     torch.set_num_threads(1)
     model, opt, loader = _setup()
     _steps(model, opt, loader, steps)  # warm-up
-    arms = ["bare", "inst", *(["hooks"] if parts else [])]
+    arms = ["bare", "inst", *(["hooks", "wrappers"] if parts else [])]
     res: dict[str, list[float]] = {f"{a}_{k}": [] for a in arms for k in ("wall", "cpu")}
     for r in range(blocks):
         for arm in arms[r % len(arms):] + arms[:r % len(arms)]:  # rotate the order
@@ -127,6 +143,8 @@ def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False
                                             console_log_level="warning")
             elif arm == "hooks":
                 ctx = _HooksOnly(model)
+            elif arm == "wrappers":
+                ctx = _WrappersOnly(model)
             with ctx:
                 wall, cpu = _steps(model, opt, loader, steps)
             res[f"{arm}_wall"].append(statistics.median(wall) / 1e3)
@@ -141,6 +159,8 @@ def _fmt(values: list[float]) -> str:
 
 def _parts_lines(steps: dict[str, list[float]]) -> list[str]:
     hooks = stats.paired_difference(steps["bare_cpu"], steps["hooks_cpu"])
+    wrappers = stats.paired_difference(steps["bare_cpu"], steps["wrappers_cpu"])
+    tracking = stats.paired_difference(steps["wrappers_cpu"], steps["hooks_cpu"])
     rest = stats.paired_difference(steps["hooks_cpu"], steps["inst_cpu"])
     return [
         "By part (`--parts`, the same rounds, the arms' order rotated each round):",
@@ -149,6 +169,10 @@ def _parts_lines(steps: dict[str, list[float]]) -> list[str]:
         "| --- | --- |",
         f"| the four hooks alone (no pipeline), against bare | {hooks.median:.2f} "
         f"[{hooks.ci_low:.2f}, {hooks.ci_high:.2f}] |",
+        f"| of which the wrappers alone (``begin`` declining at once), against bare | "
+        f"{wrappers.median:.2f} [{wrappers.ci_low:.2f}, {wrappers.ci_high:.2f}] |",
+        f"| of which the tracker's work (hooks alone against wrappers alone) | "
+        f"{tracking.median:.2f} [{tracking.ci_low:.2f}, {tracking.ci_high:.2f}] |",
         f"| the running pipeline (instrumented against hooks alone) | {rest.median:.2f} "
         f"[{rest.ci_low:.2f}, {rest.ci_high:.2f}] |",
         "",

@@ -200,6 +200,12 @@ def test_hot_path_hooks_only_arm_records_every_phase_and_restores_everything() -
     assert torch.autograd.backward is backward_before
     assert not model._forward_pre_hooks and not model._forward_hooks
     assert model.__dict__.get("_compiled_call_impl") is None
+    wrappers = bench_hot_path._WrappersOnly(model)
+    with wrappers:
+        bench_hot_path._steps(model, opt, loader, 3)
+        assert model.__dict__.get("_compiled_call_impl") is not None  # the wrapper ran
+    assert not wrappers.recorder.drain()  # its tracker declined every phase
+    assert model.__dict__.get("_compiled_call_impl") is None
 
 
 def test_hot_path_benchmark_quick_run_reports_parts_and_judges_itself(tmp_path: Path) -> None:
@@ -213,6 +219,7 @@ def test_hot_path_benchmark_quick_run_reports_parts_and_judges_itself(tmp_path: 
     text = out.read_text()
     assert "| the four hooks alone (no pipeline), against bare |" in text
     assert "| the running pipeline (instrumented against hooks alone) |" in text
+    assert "| of which the wrappers alone (``begin`` declining at once), against bare |" in text
     assert ("verdict: all targets met" in text) == (proc.returncode == 0)
 
 
