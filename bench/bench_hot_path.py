@@ -128,7 +128,7 @@ class _WrappersOnly(_HooksOnly):
     tracker_class = _Declining
 
 
-def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False
+def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False, warmup: int = 50
              ) -> dict[str, list[float]]:
     torch.set_num_threads(1)
     model, opt, loader = _setup()
@@ -146,6 +146,9 @@ def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False
             elif arm == "wrappers":
                 ctx = _WrappersOnly(model)
             with ctx:
+                # untimed first, in every arm alike: a run's first steps pay its start (the
+                # threads' first wake-ups, cold caches), which is not the hot path
+                _steps(model, opt, loader, warmup)
                 wall, cpu = _steps(model, opt, loader, steps)
             res[f"{arm}_wall"].append(statistics.median(wall) / 1e3)
             res[f"{arm}_cpu"].append(statistics.median(cpu) / 1e3)
@@ -186,13 +189,15 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--parts", action="store_true",
                         help="a third arm: the four hooks alone, without the pipeline")
+    parser.add_argument("--warmup-steps", type=int, default=50,
+                        help="untimed steps at the start of every block, every arm alike")
     parser.add_argument("--no-verdict", action="store_true")
     args = parser.parse_args()
     if args.blocks < 2 or args.steps < 1:
         parser.error("--blocks must be at least 2 and --steps positive")
     record = per_record_ns()
     with tempfile.TemporaryDirectory() as tmp:
-        steps = per_step(args.blocks, args.steps, Path(tmp), args.parts)
+        steps = per_step(args.blocks, args.steps, Path(tmp), args.parts, args.warmup_steps)
     over_wall = [i - b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
     over_cpu = [i - b for i, b in zip(steps["inst_cpu"], steps["bare_cpu"])]
     ratio = [i / b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
@@ -209,7 +214,8 @@ def main() -> int:
         f"- torch {torch.__version__}, opentelemetry-sdk {metadata.version('opentelemetry-sdk')}, "
         f"otel-train {otel_train.__version__}",
         f"- default settings (every step sampled, file exporter); {args.blocks} interleaved "
-        f"blocks of {args.steps} steps each, bare and instrumented",
+        f"blocks of {args.steps} steps each, bare and instrumented, each after "
+        f"{args.warmup_steps} untimed steps in its arm",
         "",
         "| measure | median (IQR over blocks) |",
         "| --- | --- |",
