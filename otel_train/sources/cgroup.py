@@ -13,8 +13,8 @@ reports the increase since the previous sample: a counter, and ``training.cpu.th
 on the step's ``train.rank_step`` span. (Read when the emitter drained instead, a step was
 charged with throttling that happened in later steps.) The kernel adds throttled time when a
 CFS period (100 ms by default) refills the quota, so reading more often than that says
-nothing more; but a read is a system call, ~15 us of the training thread a step on a 2-vCPU
-VM once the cold caches are counted (docs/overhead.md), which a 0.4 ms step cannot afford.
+nothing more; but a read is a system call, ~8 us of the training thread a step on a 2-vCPU
+VM once the cold caches are counted (docs/overhead.md), a quarter of a 0.4 ms step's budget.
 Steps that end within 10 ms of the last read carry 0 and their throttling goes to the next
 sampled step; steps of 10 ms or more (every GPU job) are all sampled. At the end of the run
 a last read puts what no step was charged with into the counter. The kernel sums throttled
