@@ -135,15 +135,12 @@ Workload = tuple[torch.nn.Module, torch.optim.Optimizer, Callable[[], None], Cal
 
 
 def cpu_workload() -> Workload:
+    """bench_hot_path.py's tiny MLP and loader (the hot-path benchmark's step, paired)."""
+    from bench_hot_path import _setup
     from torch import nn
-    from torch.utils.data import DataLoader, TensorDataset
 
     torch.set_num_threads(1)
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loader = DataLoader(TensorDataset(torch.randn(4096, 32), torch.randn(4096, 1)),
-                        batch_size=16)
+    model, opt, loader = _setup()
     batches = _forever(loader)
 
     def step() -> None:

@@ -373,6 +373,21 @@ def _first_tensor(batch: Any) -> torch.Tensor | None:
     return None
 
 
+def _timed(tracker: StepTracker, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` timed as ``phase`` on the training thread (called straight through elsewhere)."""
+    begin, end = tracker.begin, tracker.end
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if not begin(phase):
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end(phase)
+
+    return timed
+
+
 class StepHooks:
     """Installs the hooks that drive a :class:`StepTracker`; :meth:`remove` undoes them all."""
 
@@ -426,16 +441,7 @@ class StepHooks:
         # model.compile(): the compiled call (hooks would run inside the graph); else the
         # module's own _call_impl, its hooks and all
         call = compiled_call if compiled_call is not None else model._call_impl
-        begin, end = self.tracker.begin, self.tracker.end
-
-        def timed_call(*args: Any, **kwargs: Any) -> Any:
-            if not begin(FORWARD):
-                return call(*args, **kwargs)
-            try:
-                return call(*args, **kwargs)
-            finally:
-                end(FORWARD)
-
+        timed_call = _timed(self.tracker, FORWARD, call)
         setattr(timed_call, torch_compat.WRAPPED_COMPILED_CALL, compiled_call)
         torch_compat.set_compiled_call_impl(model, timed_call)
 
@@ -465,16 +471,7 @@ class StepHooks:
     # --- backward --------------------------------------------------------------------
     def hook_backward(self) -> None:
         original = torch.autograd.backward
-        begin, end = self.tracker.begin, self.tracker.end
-
-        def backward(*args: Any, **kwargs: Any) -> Any:
-            if not begin(BACKWARD):
-                return original(*args, **kwargs)
-            try:
-                return original(*args, **kwargs)
-            finally:
-                end(BACKWARD)
-
+        backward = _timed(self.tracker, BACKWARD, original)
         backward.__wrapped__ = original  # type: ignore[attr-defined]
         backward.__doc__ = original.__doc__
         torch.autograd.backward = backward
