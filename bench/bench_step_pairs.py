@@ -76,7 +76,9 @@ from otel_train.sources import cgroup  # noqa: E402
 TARGETS = [stats.Target("bound", "<=", 1.005, "step-time ratio with background CPU (bound)"),
            stats.Target("half_width", "<=", 0.005, "95% CI half-width of the pair ratio")]
 #: otel-train's threads in the training process: Python's by name, C ones by the kernel's
-THREAD_PREFIXES = ("otel-train", "otel-nccl", "otel_train")
+#: (the NCCL plugin's poller, ``otel-nccl-poll``), and the OpenTelemetry SDK's own
+#: (``OtelBatchSpanRecordProcessor``...) where it exports in process
+THREAD_PREFIXES = ("otel-train", "otel-nccl", "otel_train", "Otel")
 
 
 def _schedstat_s(path: Path) -> float | None:
