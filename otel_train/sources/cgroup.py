@@ -109,6 +109,7 @@ class CgroupSource:
         self.tracker = ctx.tracker
         self._sample: tuple[int, bytes] | None = None
         self._last_read_ns = -MIN_READ_INTERVAL_NS  # the first step is sampled
+        self._optimizer_step = -1  # the last step in which an optimizer step ended
         try:
             self.fd: int | None = os.open(self.path, os.O_RDONLY)
         except OSError:
@@ -129,6 +130,7 @@ class CgroupSource:
 
     def _optimizer_end(self, now: int) -> None:
         # an optimizer step just ended: the step may end here (unless another one follows)
+        self._optimizer_step = self.tracker.step
         self._sample_at(now)
 
     def _sample_at(self, now: int) -> None:
@@ -142,8 +144,9 @@ class CgroupSource:
 
     def _step_hook(self, step: int) -> None:
         sample = self._sample
-        if sample is None or sample[0] != step:
-            # no optimizer step sampled this step (a mark_step loop): here, rate-limited alike
+        if (sample is None or sample[0] != step) and self._optimizer_step != step:
+            # no optimizer step ended in this step (a mark_step loop): read here, rate-limited
+            # alike (where one ended, its end hook already decided)
             self._sample_at(time.perf_counter_ns())
             sample = self._sample
         self._sample = None
