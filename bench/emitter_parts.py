@@ -42,9 +42,10 @@ def timing_parts() -> Iterator[dict[str, list[int]]]:
     cls = emitter_mod.Emitter
     saved = {name: getattr(cls, name) for name in
              ("before_step", "on_step", "on_tick", "on_event", "hold_steps", "pump",
-              "_emit_step", "_emit_log", "_release_steps", "report_drops",
-              "report_internal_errors")}
+              "_emit_step", "_emit_log", "release_steps", "report_drops",
+              "report_internal_errors", "sampled", "_after_step", "exemplar_context")}
     saved_commit = remote.RemotePipeline.commit
+    saved_step = remote.RemotePipeline.step
     cls.before_step = lambda em, fn: saved["before_step"](em, timed(label("before", fn), fn))
     cls.on_step = lambda em, fn: saved["on_step"](em, timed(label("after", fn), fn))
     cls.on_tick = lambda em, fn: saved["on_tick"](em, timed(label("tick", fn), fn))
@@ -53,20 +54,27 @@ def timing_parts() -> Iterator[dict[str, list[int]]]:
     cls.hold_steps = lambda em, fn, *a, **k: saved["hold_steps"](
         em, timed(label("gate", fn), fn), *a, **k)
     cls.pump = timed("pump (all)", saved["pump"])
-    cls._release_steps = timed("release held steps (gates, emit_step)",
-                               saved["_release_steps"])
+    cls.release_steps = timed("release held steps (gates, emit_step)",
+                              saved["release_steps"])
     cls.report_drops = timed("report drops", saved["report_drops"])
     cls.report_internal_errors = timed("report internal errors",
                                        saved["report_internal_errors"])
     cls._emit_step = timed("emit_step (with listeners)", saved["_emit_step"])
     cls._emit_log = timed("user log", saved["_emit_log"])
+    cls.sampled = timed("emit_step: sampler decision", saved["sampled"])
+    cls._after_step = timed("emit_step: after the record (prometheus, step listeners)",
+                            saved["_after_step"])
+    cls.exemplar_context = timed("exemplar context", saved["exemplar_context"])
     remote.RemotePipeline.commit = timed("commit (pickle, send)", saved_commit)
+    remote.RemotePipeline.step = timed("emit_step: pipeline.step (the step record queued)",
+                                       saved_step)
     try:
         yield parts
     finally:
         for name, fn in saved.items():
             setattr(cls, name, fn)
         remote.RemotePipeline.commit = saved_commit
+        remote.RemotePipeline.step = saved_step
 
 
 def table(parts: dict[str, list[int]], steps: int) -> dict[str, dict[str, float]]:

@@ -235,7 +235,11 @@ def _version(package: str) -> str:
 
 
 def _git_commit() -> str:
-    """The checkout's commit, and whether otel_train/ differs from it (read-only git)."""
+    """The checkout's commit, and whether otel_train/ differs from it (read-only git);
+    ``BENCH_COMMIT`` names it where the copy's git metadata is stale (the device machine's
+    copy of the working tree reports an old HEAD)."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "-C", repo, "rev-parse", "--short", "HEAD"],

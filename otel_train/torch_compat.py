@@ -232,6 +232,45 @@ def reset_peak_memory_stats(device: int) -> None:
     torch._C._cuda_resetPeakMemoryStats(device)
 
 
+def event_recorder() -> Callable[[Any], None]:
+    """``record(event)``: what ``event.record()`` does (the event marked on the current
+    stream of the current device), without ``torch.cuda.current_stream()``'s Python: that
+    builds a new ``Stream`` object at every call and finds the device through three more
+    frames, ~8 of the ~10 us a record cost on the H200 host (bench/results/gpu-h200.md), at
+    six records a step on the training thread. The streams are kept by what
+    ``_cuda_getCurrentStream`` returns (stream id, device index, device type: a stream's id
+    names it for its life). Falls back to ``event.record()`` where those bindings moved."""
+    try:
+        get_device, get_stream = torch._C._cuda_getDevice, torch._C._cuda_getCurrentStream
+        record = torch._C._CudaEventBase.record
+    except AttributeError:
+        return _record_default
+    streams: dict[Any, Any] = {}
+
+    def record_on_current(event: Any) -> None:
+        key = get_stream(get_device())
+        stream = streams.get(key)
+        if stream is None:
+            if len(streams) >= 64:  # streams made and dropped by the dozen: keep few
+                streams.clear()
+            stream = streams[key] = torch.cuda.Stream(
+                stream_id=key[0], device_index=key[1], device_type=key[2])
+        record(event, stream)
+
+    return record_on_current
+
+
+def _record_default(event: Any) -> None:
+    event.record()
+
+
+def stream_capturing() -> Callable[[], bool]:
+    """Whether the current stream is being captured into a CUDA graph, as
+    ``torch.cuda.is_current_stream_capturing`` (its C binding, a frame less)."""
+    return getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                   torch.cuda.is_current_stream_capturing)
+
+
 def attach_oom_observer(observer: Callable[[int, int, int, int], None]) -> None:
     """An allocator observer called before an out-of-memory error is raised (no public
     API): the OOM becomes an error span and log with the allocator's state."""
@@ -278,12 +317,14 @@ PROBES: dict[str, tuple[str, Callable[[], bool]]] = {
     "cuda_memory_stats": ("memory per step", lambda: hasattr(torch._C, "_cuda_memoryStats")),
     "reset_peak_memory_stats": ("peaks per step",
                                 lambda: hasattr(torch._C, "_cuda_resetPeakMemoryStats")),
+    "event_recorder": ("phase timing events recorded without building a Stream",
+                       lambda: event_recorder() is not _record_default),
     "attach_oom_observer": ("out of memory as a span",
                             lambda: hasattr(torch._C, "_cuda_attach_out_of_memory_observer")),
 }
 #: probes that only a CUDA build of torch has
 CUDA_ONLY = frozenset({"cuda_memory_stats", "reset_peak_memory_stats", "attach_oom_observer",
-                       "nccl_trace_dumps"})
+                       "nccl_trace_dumps", "event_recorder"})
 
 
 def _source(fn: Any) -> str:

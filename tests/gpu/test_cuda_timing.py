@@ -79,3 +79,27 @@ def test_gpu_times_lie_after_the_host_launched_them(tmp_path):
 def test_cuda_timing_can_be_switched_off(tmp_path):
     run_dir, _ = _instrumented(tmp_path, cuda_timing=False)
     assert not any(semconv.ATTR_TIMING in s["attrs"] for s in otlp_files.spans(run_dir))
+
+
+def test_event_recorder_marks_the_current_stream_as_event_record_does():
+    """``torch_compat.event_recorder`` (the phase hook's record, without building a Stream
+    each time) marks the stream that is current, a side stream inside ``torch.cuda.stream``
+    too: an event recorded there after a long kernel is not done before the kernel is,
+    while the default stream's is; and the same key finds the same stream again."""
+    from otel_train import torch_compat
+
+    record = torch_compat.event_recorder()
+    assert record is not torch_compat._record_default
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    for _ in range(2):  # the second time through, both streams come from the cache
+        on_side, on_default = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU spin on the side stream only
+            record(on_side)
+        record(on_default)
+        on_default.synchronize()
+        assert not on_side.query(), "recorded on the default stream, not the current one"
+        side.synchronize()
+        assert on_side.query()
+    torch.cuda.synchronize()

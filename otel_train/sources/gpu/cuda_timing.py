@@ -2,7 +2,8 @@
 
 Training thread (a ``StepTracker`` phase hook): at each forward, backward and optimizer phase
 begin and end, record a pooled ``torch.cuda.Event(enable_timing=True)`` on the current stream
-(asynchronous: it only enqueues a marker) and put one record per phase. Nothing else.
+(asynchronous: it only enqueues a marker; ``torch_compat.event_recorder`` skips the Python of
+``current_stream()``) and put one record per phase. Nothing else.
 
 Emitter thread: the step is held back (``Emitter.hold_steps``) until every event of the step
 has completed, which is checked with ``Event.query()``, never waited for; then the GPU
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from otel_train import internal_errors, semconv
+from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu.device import training_device
@@ -139,7 +140,8 @@ class CudaTimingSource:
         self.clock = GpuClock()
         self.emitter = ctx.emitter
         self._put = ctx.recorder.put
-        self._capturing = torch.cuda.is_current_stream_capturing
+        self._capturing = torch_compat.stream_capturing()
+        self._record = torch_compat.event_recorder()
         self.tracker = ctx.tracker
         self.hist = semconv.create(ctx.meter, semconv.METRIC_PHASE_GPU_DURATION)
         ctx.emitter.on_event(RECORD, self._on_record)
@@ -163,7 +165,7 @@ class CudaTimingSource:
                     return
                 event = self.pool.take()
                 if event is not None:
-                    event.record()
+                    self._record(event)
                     self._open = (event, now)
                 return
             opened, self._open = self._open, None
@@ -172,7 +174,7 @@ class CudaTimingSource:
             end = self.pool.take()
             if end is None:
                 return
-            end.record()
+            self._record(end)
             self._put((EVENT, RECORD, (tracker.step, tracker.phase, tracker.phase_span_id,
                                        opened[0], end, opened[1], now)))
         except Exception as err:
