@@ -24,6 +24,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
+from opentelemetry.sdk.trace import sampling
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import identity, internal_errors, redact, semconv
@@ -82,6 +83,25 @@ class StepInfo:
     #: events for the train.rank_step span as (name, epoch ns, attributes), set by pre-step
     #: listeners (sources/gaps.py)
     events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+
+def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
+    """``trace_id -> sampled`` as ``sampler.should_sample`` decides it for a root span, without
+    building its ``SamplingResult`` (a few us a step): for the SDK's own samplers the answer is
+    their rule (tests/sdk/test_sampling.py holds it to the SDK's), others are asked."""
+
+    def ask(trace_id: int) -> bool:
+        return sampler.should_sample(None, trace_id, semconv.SPAN_STEP).decision.is_sampled()
+
+    root = getattr(sampler, "_root", None) if type(sampler) is sampling.ParentBased else sampler
+    if type(root) is sampling.StaticSampler and isinstance(
+            getattr(root, "_decision", None), sampling.Decision):
+        always = root._decision.is_sampled()
+        return lambda trace_id: always
+    if type(root) is sampling.TraceIdRatioBased:
+        bound, limit = root.bound, root.TRACE_ID_LIMIT
+        return lambda trace_id: trace_id & limit < bound
+    return ask
 
 
 def _attr_value(value: Any) -> Any:
@@ -144,6 +164,7 @@ class Emitter:
         self.prometheus = prometheus
         self.console = console
         self.sampler = cfg.sampler()
+        self._decide = _step_decision(self.sampler)
         self._getrandbits = random.Random().getrandbits  # phase span ids (not the user's RNG)
         self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
         self._handlers: dict[str, Callable[[Any], None]] = {}
@@ -369,8 +390,8 @@ class Emitter:
 
     # --- steps -----------------------------------------------------------------------
     def sampled(self, trace_id: int) -> bool:
-        result = self.sampler.should_sample(None, trace_id, semconv.SPAN_STEP)
-        return result.decision.is_sampled()
+        """The configured sampler's decision for a step's trace (a root: no parent)."""
+        return self._decide(trace_id)
 
     def wall(self, perf_ns: int) -> int:
         return perf_ns + self.offset
