@@ -80,3 +80,42 @@ def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_p
     assert big and all(s["attrs"][semconv.ATTR_COLLECTIVE_OP] == "all_reduce" for s in big)
     assert all(s["attrs"].get(semconv.ATTR_COLLECTIVE_GPU_DURATION, 0) > 0 for s in big)
     assert os.environ.get("TORCH_NCCL_ENABLE_TIMING") == "1"
+
+
+def test_steps_held_for_the_flight_recorder_leave_at_the_first_read_after_them(tmp_path,
+                                                                               monkeypatch):
+    """A step waits for the first flight-recorder read that began after it ended, and then
+    goes, with every step that ended before that read: reads every second, twelve steps out
+    within a few seconds (the gate once let one held step go per read, so twelve steps took
+    twelve reads, and a run's last steps waited the final second)."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
+    monkeypatch.setenv("OTEL_TRAIN_NCCL_PLUGIN", "0")
+    monkeypatch.setenv("OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1, device_id=torch.device("cuda:0"))
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path) as inst:
+            source = next(s for s in inst._sources if type(s).__name__ == "CollectiveSource")
+            assert "nccl_flight_recorder" in source.mechanisms
+            for _ in range(13):  # the 13th begins, so the 12th ends
+                model(torch.randn(32, 256, device="cuda")).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            model(torch.randn(32, 256, device="cuda")).sum()
+            torch.cuda.synchronize()
+            reads_before = source.ledger.reads
+            deadline = time.monotonic() + 4.5  # four reads at most
+            while inst.emitter.steps_emitted < 12 and time.monotonic() < deadline:
+                time.sleep(0.05)  # poll: the emitter reads on its own schedule
+            emitted, reads = inst.emitter.steps_emitted, source.ledger.reads - reads_before
+    finally:
+        dist.destroy_process_group()
+    assert emitted >= 12, f"{emitted} of 12 steps out after {reads} reads"

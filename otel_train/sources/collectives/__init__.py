@@ -261,6 +261,9 @@ class Ledger:
         self._groups: dict[int, tuple[str, int]] = {}
         self._since = time.perf_counter_ns()
         self._harvested_at = 0  # perf ns of the last flight-recorder read
+        #: perf ns at which the last completed read began: a step that ended before it has
+        #: every collective it issued in that read (the gate of held steps)
+        self._read_began = 0
         # Each read dumps and parses the whole buffer with the GIL held (torch offers no
         # incremental read): measured at 2 GPUs, reading it around every step cost 21% of
         # step time. So it is read every ``nccl_harvest_interval_s``, and finished steps wait
@@ -283,7 +286,6 @@ class Ledger:
         self.shortest_interval_s = self._harvest_interval_ns / 1e9
         if self.flight_recorder is not None:
             self.flight_recorder.baseline()
-        self._offered: dict[int, int] = {}
         if self.flight_recorder is not None or self.plugin is not None:
             # a second of steps between drains (emit_interval_s), fast ones too
             emitter.hold_steps(self._ready, max_held=512, with_end=True)
@@ -379,6 +381,7 @@ class Ledger:
             self._read_flight_recorder()
         finally:
             self.reads += 1
+            self._read_began = started
             self.read_s += (time.perf_counter_ns() - started) / 1e9
 
     def _read_flight_recorder(self, entries: list[dict[str, Any]] | None = None) -> None:
@@ -442,7 +445,8 @@ class Ledger:
 
     def _ready(self, step: int, end_perf: int) -> bool:
         if self.plugin is None:
-            return self.flight_recorder is None or self._read_since(step)
+            # every collective issued before the step ended is in a dump begun after it
+            return self.flight_recorder is None or end_perf < self._read_began
         if not self._plugin_confirmed:
             # NCCL makes its communicator (and with it the plugin's) inside the first NCCL
             # operation, before it returns: none yet, so nothing of this step to wait for
@@ -506,6 +510,7 @@ class Ledger:
                          fallback="nccl_flight_recorder")
         self.plugin, self.flight_recorder, self._fallback = None, fr, None
         self._read_flight_recorder(entries)
+        self._read_began = now  # entries were polled just now
 
     def _plugin_stall(self, oldest: tuple[int, ...], now: int) -> None:
         comm, seq, nbytes, t_issue = oldest[0], oldest[1], oldest[2], oldest[3]
@@ -546,16 +551,6 @@ class Ledger:
                 "otel_train.nccl_records_overwritten", lost=lost,
                 hint="the NCCL plugin's ring (65536 records) filled between two reads of "
                      "the emitter thread")
-
-    def _read_since(self, step: int) -> bool:
-        """Emitter gate: has the flight recorder been read since this step was finished?"""
-        if len(self._offered) > 256:  # steps the emitter released unasked (over its bound)
-            self._offered = {k: v for k, v in self._offered.items() if k > step - 128}
-        first = self._offered.setdefault(step, self.reads)
-        if self.reads > first:
-            del self._offered[step]
-            return True
-        return False
 
     def _step_at(self, perf_ns: int) -> int:
         """The step that issued an NCCL operation, from its time: steps held for a read of
