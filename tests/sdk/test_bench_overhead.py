@@ -315,3 +315,23 @@ def test_multigpu_pairs_mode_runs_on_two_gloo_ranks(tmp_path: Path) -> None:
         assert res["bound"] >= res["ratio"] and "verdict" in res
         firsts.append(res["first"])
     assert firsts[0] == firsts[1]  # every rank switched the same steps
+
+
+def test_emitter_parts_mode_times_the_emitter_by_part(tmp_path: Path) -> None:
+    """bench/multigpu/run.py's emitter_parts mode (bench/emitter_parts.py patches the emitter's
+    methods by name: a rename there had broken it silently), one gloo rank, --dry-run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "1",
+         str(REPO / "bench" / "multigpu" / "run.py"), "--dry-run", "--modes", "emitter_parts",
+         "--cost-long", "20", "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "result-rank0.json").read_text())["modes"]["emitter_parts"]
+    assert "error" not in res, res
+    parts = res["parts"]
+    assert parts["emit_step (with listeners)"]["calls_per_step"] == pytest.approx(1.0, abs=0.1)
+    assert parts["emit_step: sampler decision"]["calls_per_step"] >= 0.9
+    assert parts["pump (all)"]["us_per_step"] >= parts["emit_step (with listeners)"]["us_per_step"]
+    assert (tmp_path / "emitter-parts-rank0.txt").read_text().count("us/step") == len(parts)
