@@ -37,6 +37,7 @@ from otel_train.identity import Identity
 from otel_train.recorder import EVENT, LOG, PHASE, STEP, Recorder
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SAMPLED_INT = int(_SAMPLED)
 _SEVERITY = {
     "debug": SeverityNumber.DEBUG, "info": SeverityNumber.INFO,
     "warning": SeverityNumber.WARN, "warn": SeverityNumber.WARN,
@@ -69,8 +70,10 @@ class StepInfo:
     sampled: bool
     trace_id: int
     rank_step_context: SpanContext
-    #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end)
-    phase_spans: list[tuple[str, int, SpanContext, int, int]]
+    #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end),
+    #: ctx as ``remote.ctx_tuple`` gives it (trace id, span id, flags, remote): what the
+    #: collectives' rows carry, without a SpanContext made and taken apart per phase
+    phase_spans: list[tuple[str, int, tuple[int, int, int, bool], int, int]]
     #: phase intervals on the training thread's perf_counter clock: (phase, micro, start, end)
     phase_intervals: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
     #: extra attributes for the train.rank_step span, set by pre-step listeners
@@ -464,8 +467,8 @@ class Emitter:
                     p_end = over.get("end_ns", p_end + offset)
                     added, error = over.get("attributes"), over.get("error")
                 phase_rows.append((phase, micro, p_start, p_end, span_id, added, error))
-                info.phase_spans.append((phase, micro, SpanContext(trace_id, span_id, False,
-                                                                   _SAMPLED), p_start, p_end))
+                info.phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
+                                         p_start, p_end))
         self.pipeline.step(step_rows.StepRecord(
             step, info.start_ns, info.end_ns, micro_batches, samples, tokens, totals, sampled,
             trace_id, rank_ctx.span_id, phase_rows, info.extra_attributes, self._link_tuples,

@@ -131,7 +131,8 @@ class CgroupSource:
     def _optimizer_end(self, now: int) -> None:
         # an optimizer step just ended: the step may end here (unless another one follows)
         self._optimizer_step = self.tracker.step
-        self._sample_at(now)
+        if now - self._last_read_ns >= MIN_READ_INTERVAL_NS:  # else a call for nothing
+            self._sample_at(now)
 
     def _sample_at(self, now: int) -> None:
         if now - self._last_read_ns < MIN_READ_INTERVAL_NS:

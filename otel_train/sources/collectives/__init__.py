@@ -607,7 +607,7 @@ class Ledger:
         spec = StepSpec(
             info.step, info.sampled, self._summarise(info, rows),
             ctx_tuple(info.rank_step_context),
-            [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
+            [(ctx, start, end) for _, _, ctx, start, end in info.phase_spans],
             self.offset, self.base, groups, stalled)
         self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
 
@@ -634,7 +634,7 @@ class Ledger:
         are built (export/collective_rows.py), the exporter process by default."""
         spec = RowSpec(info.step, info.sampled, self._summarise(info, colls),
                        ctx_tuple(info.rank_step_context),
-                       [(ctx_tuple(ctx), start, end) for _, _, ctx, start, end in info.phase_spans],
+                       [(ctx, start, end) for _, _, ctx, start, end in info.phase_spans],
                        self.base, points)
         self.emitter.collectives(spec, [self._row(c, end_perf) for c in colls],
                                  self.duration.record, self.size.add)
