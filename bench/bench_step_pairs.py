@@ -44,6 +44,10 @@ drift between processes is larger than the parts), each against its own bare ste
 The CPU run compares the first two and the last two by default, the CUDA run ``default``,
 ``no_cuda_timing``, ``no_memory`` and ``no_sources`` (``--arms`` picks others).
 
+``--block N``: each arm of a pair is N steps in a row (figures per step), so the hooks are
+switched once in N steps: the cold-cache price of putting them back after a bare step, which
+an always-instrumented run never pays, then falls on one step in N.
+
 Usage: ``python bench/bench_step_pairs.py [--device cpu|cuda] [--pairs 1000] [--out FILE.md]``
 (``--json FILE`` for the raw per-step figures; ``--parts 6 --pairs 500`` for the parts).
 """
@@ -213,9 +217,12 @@ def settle(inst: Any) -> None:
 
 
 def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed: int,
-               instrument: Callable[[], Any] | None = None) -> dict[str, Any]:
+               instrument: Callable[[], Any] | None = None, block: int = 1) -> dict[str, Any]:
     """Pairs of steps in one instrumented run (``instrument()`` makes its context manager;
-    default settings by default). Ranks that call this with one seed switch the same steps."""
+    default settings by default). Ranks that call this with one seed switch the same steps.
+    ``block`` > 1: each arm of a pair is that many steps in a row (their mean per step), so
+    the hooks are switched once a block and the cold-cache price of switching them back on
+    falls on one step in ``block`` (as in a run where they are never off)."""
     model, opt, step, sync = workload
     if instrument is None:
         def instrument() -> Any:
@@ -242,23 +249,28 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
             order = ("bare", "inst") if rng.random() < 0.5 else ("inst", "bare")
             first.append(order[0])
             for arm in order:
+                wall = cpu = 0
                 if arm == "bare":
                     switch.off()
-                    wall, cpu = timed_step(step, sync)
-                    bare_wall.append(wall)
-                    bare_cpu.append(cpu)
+                    for _ in range(block):
+                        w, c = timed_step(step, sync)
+                        wall, cpu = wall + w, cpu + c
+                    bare_wall.append(wall // block)
+                    bare_cpu.append(cpu // block)
                     switch.on()
                 else:
-                    wall, cpu = timed_step(step, sync, switch.end_step)
-                    inst_wall.append(wall)
-                    inst_cpu.append(cpu)
+                    for _ in range(block):
+                        w, c = timed_step(step, sync, switch.end_step)
+                        wall, cpu = wall + w, cpu + c
+                    inst_wall.append(wall // block)
+                    inst_cpu.append(cpu // block)
         elapsed = time.perf_counter() - started
         settle(inst)
         after = background_cpu_s(exporter_pid)
     background = {k: after[k] - before.get(k, 0.0) for k in after}
     return {"bare_wall_ns": bare_wall, "inst_wall_ns": inst_wall, "bare_cpu_ns": bare_cpu,
             "inst_cpu_ns": inst_cpu, "first": first, "elapsed_s": elapsed,
-            "background_s": background, "steps_recorded": inst.tracker.step}
+            "background_s": background, "steps_recorded": inst.tracker.step, "block": block}
 
 
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
@@ -266,8 +278,9 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
     ratio = stats.paired_ratio(raw["bare_wall_ns"], raw["inst_wall_ns"])
     cpu = stats.paired_difference(raw["bare_cpu_ns"], raw["inst_cpu_ns"])
     bare_step_s = ratio.bare.median / 1e9
+    block = raw.get("block", 1)
     threads_s = sum(v for k, v in raw["background_s"].items() if k != "exporter")
-    background_per_step_s = threads_s / pairs
+    background_per_step_s = threads_s / (pairs * block)
     added = background_per_step_s / bare_step_s
     # the ratio when the bare step comes first and when it comes second: a difference
     # would mean a step's cost spills into the next one (the pairing then needs care)
@@ -286,12 +299,12 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "training_thread_cpu_us": cpu.median / 1e3, "training_thread_cpu_ci_us":
             (cpu.ci_low / 1e3, cpu.ci_high / 1e3),
         "background_us_per_step": background_per_step_s * 1e6,
-        "background_by_thread_us_per_step": {k: v / pairs * 1e6
+        "background_by_thread_us_per_step": {k: v / (pairs * block) * 1e6
                                              for k, v in sorted(raw["background_s"].items())},
         "bound": ratio.median_ratio + added, "bound_ci": (ratio.ci_low + added,
                                                           ratio.ci_high + added),
         "ratio_by_first_arm": by_order, "elapsed_s": raw["elapsed_s"],
-        "steps_recorded": raw["steps_recorded"],
+        "steps_recorded": raw["steps_recorded"], "block": block,
     }
 
 
@@ -299,7 +312,9 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
              missed: list[str] | None) -> str:
     bt = res["background_by_thread_us_per_step"]
     rows = [
-        ("pairs (bare + instrumented step, random order)", res["pairs"]),
+        ("pairs (bare + instrumented step, random order)" if res.get("block", 1) == 1 else
+         f"pairs (a block of {res['block']} bare + one of {res['block']} instrumented steps, "
+         "random order; figures per step)", res["pairs"]),
         ("bare step, median ms (CV over steps)", f"{res['bare_step_ms']:.3f} "
                                                  f"({res['bare_cv']:.1%})"),
         ("instrumented step, median ms", f"{res['inst_step_ms']:.3f}"),
@@ -324,6 +339,7 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
     lines = [
         "# Step-paired overhead: instrumented and bare steps alternating in one run", "",
         f"`python bench/bench_step_pairs.py --device {args.device} --pairs {args.pairs}"
+        f"{f' --block {args.block}' if args.block > 1 else ''}"
         f"{' --quick' if args.quick else ''}`; default settings (every step sampled, "
         "file exporter); each step timed between two synchronisations.", "",
         stats.environment_markdown(env), "",
@@ -420,6 +436,9 @@ def main() -> int:
     parser.add_argument("--no-verdict", action="store_true")
     parser.add_argument("--parts", type=int, default=0, metavar="ROUNDS",
                         help="the cost by part instead: ROUNDS rounds of every variant")
+    parser.add_argument("--block", type=int, default=1,
+                        help="steps in a row per arm of a pair (the hooks switched once a "
+                             "block; default 1: every step)")
     parser.add_argument("--arms", default=None,
                         help="--parts: the variants, comma-separated (default by device)")
     args = parser.parse_args()
@@ -430,6 +449,8 @@ def main() -> int:
         parser.error(f"--arms: unknown variant(s) {', '.join(unknown)}")
     if args.pairs < 10:
         parser.error("--pairs must be at least 10 (a CI needs pairs)")
+    if args.block < 1 or (args.parts and args.block > 1):
+        parser.error("--block must be at least 1, and is for the paired run (not --parts)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     warmup = args.warmup if args.warmup is not None else (20 if args.device == "cuda" else 200)
@@ -448,7 +469,8 @@ def main() -> int:
             args.json.write_text(json.dumps({"environment": env, "parts": parts}, indent=1))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        raw = paired_run(workload, args.pairs, warmup, Path(tmp), args.seed)
+        raw = paired_run(workload, args.pairs, warmup, Path(tmp), args.seed,
+                         block=args.block)
     res = summarise(raw)
     missed = stats.verdict(res, TARGETS) if args.device == "cuda" else None
     text = markdown(res, env, args, missed)

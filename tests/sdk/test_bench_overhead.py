@@ -252,6 +252,28 @@ def test_step_pairs_bare_steps_run_none_of_otel_train(tmp_path: Path) -> None:
     assert summary["bound"] >= summary["ratio"]  # background CPU only adds
 
 
+def test_step_pairs_in_blocks_track_every_instrumented_step_and_none_of_the_bare(
+        tmp_path: Path) -> None:
+    """``--block``: each arm of a pair is several steps in a row; every instrumented one is a
+    step of the run, no bare one is, and the figures are per step."""
+    import bench_step_pairs
+    from support import otlp_files
+
+    from otel_train import semconv
+
+    pairs, warmup, block = 6, 3, 4
+    raw = bench_step_pairs.paired_run(bench_step_pairs.cpu_workload(), pairs, warmup,
+                                      tmp_path, seed=1, block=block)
+    assert len(raw["bare_wall_ns"]) == len(raw["inst_wall_ns"]) == pairs
+    assert raw["steps_recorded"] == warmup + pairs * block and raw["block"] == block
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    assert sum(s["name"] == semconv.SPAN_RANK_STEP for s in spans) == warmup + pairs * block
+    summary = bench_step_pairs.summarise(raw)
+    assert summary["block"] == block and summary["bound"] >= summary["ratio"]
+    # a block's figure is a step's: the same order as the one-step pairs' steps
+    assert 0.2 < summary["bare_step_ms"] / (min(raw["bare_wall_ns"]) / 1e6) < 5
+
+
 def test_step_pairs_quick_run_reports_the_ratio_and_its_bound(tmp_path: Path) -> None:
     out = tmp_path / "pairs.md"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
