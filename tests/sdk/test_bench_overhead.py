@@ -318,17 +318,22 @@ def test_step_pairs_parts_measure_every_variant_and_restore_the_sources(tmp_path
                              for s in steps), arm
 
 
-def test_multigpu_pairs_mode_runs_on_two_gloo_ranks(tmp_path: Path) -> None:
-    """bench/multigpu/run.py's pairs mode (the x2 measurement to come), checked end to end
-    with --dry-run: two gloo ranks, FSDP2, the same steps switched on every rank."""
+def _multigpu_dry_run(out: Path, ranks: int, *args: str) -> None:
+    """bench/multigpu/run.py --dry-run (gloo, a tiny model) on ``ranks`` ranks under torchrun,
+    its results in ``out``; no OTEL_ variable of this environment leaks in."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2",
-         str(REPO / "bench" / "multigpu" / "run.py"), "--dry-run", "--modes", "pairs",
-         "--pairs", "12", "--out", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        [str(torchrun), "--standalone", "--nproc-per-node", str(ranks),
+         str(REPO / "bench" / "multigpu" / "run.py"), "--dry-run", *args, "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=out)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def test_multigpu_pairs_mode_runs_on_two_gloo_ranks(tmp_path: Path) -> None:
+    """bench/multigpu/run.py's pairs mode (the x2 measurement to come), checked end to end
+    with --dry-run: two gloo ranks, FSDP2, the same steps switched on every rank."""
+    _multigpu_dry_run(tmp_path, 2, "--modes", "pairs", "--pairs", "12")
     firsts = []
     for rank in (0, 1):
         res = json.loads((tmp_path / f"result-rank{rank}.json").read_text())["modes"]["pairs"]
@@ -342,14 +347,7 @@ def test_multigpu_pairs_mode_runs_on_two_gloo_ranks(tmp_path: Path) -> None:
 def test_emitter_parts_mode_times_the_emitter_by_part(tmp_path: Path) -> None:
     """bench/multigpu/run.py's emitter_parts mode (bench/emitter_parts.py patches the emitter's
     methods by name: a rename there had broken it silently), one gloo rank, --dry-run."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "1",
-         str(REPO / "bench" / "multigpu" / "run.py"), "--dry-run", "--modes", "emitter_parts",
-         "--cost-long", "20", "--out", str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _multigpu_dry_run(tmp_path, 1, "--modes", "emitter_parts", "--cost-long", "20")
     res = json.loads((tmp_path / "result-rank0.json").read_text())["modes"]["emitter_parts"]
     assert "error" not in res, res
     parts = res["parts"]
