@@ -268,7 +268,8 @@ class Trainer:
 
         raw = bench_step_pairs.paired_run(
             (self.model, self.opt, step, self.sync), self.args.pairs, 3, self.out / "pairs",
-            self.args.pairs_seed, instrument=lambda: self.instrument("pairs"))
+            self.args.pairs_seed, instrument=lambda: self.instrument("pairs"),
+            block=self.args.pairs_block)
         summary = bench_step_pairs.summarise(raw)
         missed = bench_step_pairs.stats.verdict(summary, bench_step_pairs.TARGETS)
         return {**summary, "verdict": missed or "all targets met",
@@ -607,6 +608,8 @@ def main() -> None:
     parser.add_argument("--cost-arms", default="default,inproc",
                         help="instrumented arms of the cost mode, from Trainer.COST_ARMS")
     parser.add_argument("--pairs", type=int, default=300, help="pairs mode: step pairs")
+    parser.add_argument("--pairs-block", type=int, default=1,
+                        help="pairs mode: steps in a row per arm (bench_step_pairs --block)")
     parser.add_argument("--pairs-seed", type=int, default=20240615,
                         help="pairs mode: the order's seed (the same on every rank)")
     parser.add_argument("--cost-short", type=int, default=10)

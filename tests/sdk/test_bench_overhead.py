@@ -333,12 +333,12 @@ def _multigpu_dry_run(out: Path, ranks: int, *args: str) -> None:
 def test_multigpu_pairs_mode_runs_on_two_gloo_ranks(tmp_path: Path) -> None:
     """bench/multigpu/run.py's pairs mode (the x2 measurement to come), checked end to end
     with --dry-run: two gloo ranks, FSDP2, the same steps switched on every rank."""
-    _multigpu_dry_run(tmp_path, 2, "--modes", "pairs", "--pairs", "12")
+    _multigpu_dry_run(tmp_path, 2, "--modes", "pairs", "--pairs", "12", "--pairs-block", "2")
     firsts = []
     for rank in (0, 1):
         res = json.loads((tmp_path / f"result-rank{rank}.json").read_text())["modes"]["pairs"]
         assert "error" not in res, res
-        assert res["pairs"] == 12 and res["steps_recorded"] == 3 + 12
+        assert res["pairs"] == 12 and res["steps_recorded"] == 3 + 12 * 2 and res["block"] == 2
         assert res["bound"] >= res["ratio"] and "verdict" in res
         firsts.append(res["first"])
     assert firsts[0] == firsts[1]  # every rank switched the same steps
