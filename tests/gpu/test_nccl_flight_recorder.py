@@ -31,6 +31,19 @@ def _all_retired() -> bool:
     return all(e.get("retired") for e in doc.get("entries") or [])
 
 
+def _one_rank_nccl_group() -> None:
+    """The NCCL process group of this one process on cuda:0, bound eagerly (``device_id``),
+    on a free local port: the flight recorder's variables must be set before it."""
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                            world_size=1, device_id=torch.device("cuda:0"))
+
+
 def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_path,
                                                                           monkeypatch):
     import sys
@@ -44,12 +57,7 @@ def test_nccl_collectives_come_from_the_flight_recorder_with_gpu_durations(tmp_p
     monkeypatch.setenv("OTEL_TRAIN_EMIT_INTERVAL_MS", "50")
     monkeypatch.setenv("OTEL_TRAIN_NCCL_PLUGIN", "0")  # the flight recorder, not the plugin
     monkeypatch.setenv("OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S", "1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1, device_id=torch.device("cuda:0"))
+    _one_rank_nccl_group()
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1024, 1024).cuda())
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -93,12 +101,7 @@ def test_steps_held_for_the_flight_recorder_leave_at_the_first_read_after_them(t
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "2000")
     monkeypatch.setenv("OTEL_TRAIN_NCCL_PLUGIN", "0")
     monkeypatch.setenv("OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S", "1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
-                            world_size=1, device_id=torch.device("cuda:0"))
+    _one_rank_nccl_group()
     try:
         model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256).cuda())
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
