@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import otel_train
 from otel_train import semconv
 from otel_train.recorder import Recorder
-from otel_train.tracker import StepHooks, StepTracker
+from otel_train.tracker import StepHooks, StepTracker, tracker_class
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_stats as stats  # noqa: E402
@@ -57,7 +57,7 @@ TARGETS = [stats.Target("step_cpu_us", "<=", 20.0, "added training-thread CPU a 
 
 
 def per_record_ns(repeat: int = 7, number: int = 200_000) -> list[float]:
-    tracker = StepTracker(Recorder(1 << 30), "bench", 0)
+    tracker = tracker_class()(Recorder(1 << 30), "bench", 0)
 
     def pair() -> None:
         tracker.begin(semconv.PHASE_FORWARD)
@@ -95,24 +95,15 @@ def _steps(model: nn.Module, opt: torch.optim.Optimizer, loader: DataLoader, n: 
     return wall, cpu
 
 
-class _Declining(StepTracker):
-    """A tracker whose ``begin`` declines at once: the hooks' wrappers run, nothing else."""
-
-    def begin(self, phase: str) -> bool:
-        return False
-
-
 class _HooksOnly:
     """The four step hooks on a tracker whose records go nowhere: no pipeline at all."""
-
-    tracker_class: type[StepTracker] = StepTracker
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
 
     def __enter__(self) -> None:
         self.recorder = Recorder(1 << 30)
-        self.hooks = StepHooks(self.tracker_class(self.recorder, "bench", 0))
+        self.hooks = StepHooks(self.tracker())
         self.hooks.hook_dataloader()
         self.hooks.hook_model(self.model)
         self.hooks.hook_backward()
@@ -121,11 +112,18 @@ class _HooksOnly:
     def __exit__(self, *exc: object) -> None:
         self.hooks.remove()
 
+    def tracker(self) -> StepTracker:
+        return tracker_class()(self.recorder, "bench", 0)
+
 
 class _WrappersOnly(_HooksOnly):
-    """The four hooks' wrappers alone: each calls ``begin``, which declines."""
+    """The four hooks' wrappers alone: each calls ``begin``, which declines at once (the
+    tracker is disabled, as a forked worker's is)."""
 
-    tracker_class = _Declining
+    def tracker(self) -> StepTracker:
+        tracker = super().tracker()
+        tracker.enabled = False
+        return tracker
 
 
 def per_step(blocks: int, steps: int, out_dir: Path, parts: bool = False, warmup: int = 50

@@ -36,13 +36,16 @@ the hooks' microseconds are percents) no target applies: the run checks the meth
 drift between processes is larger than the parts), each against its own bare steps:
 
 - ``default``: every source, as users run it;
+- ``python_tracker``: the same with the step tracker's hot path in Python
+  (``OTEL_TRAIN_FASTPATH=0``) instead of C (``otel_train/_fastpath.c``);
 - ``cgroup_every_step``: the cgroup's ``cpu.stat`` read at every step's end (the interval
   of ``sources/cgroup.py`` set to 0, as it was before 2026-12-01);
 - ``no_cgroup``, ``no_cuda_timing``, ``no_memory``: every source but that one;
 - ``no_sources``: the step hooks and tracker alone (no source at all).
 
-The CPU run compares the first two and the last two by default, the CUDA run ``default``,
-``no_cuda_timing``, ``no_memory`` and ``no_sources`` (``--arms`` picks others).
+The CPU run compares ``default``, ``python_tracker``, ``no_cgroup`` and ``no_sources`` by
+default, the CUDA run ``default``, ``python_tracker``, ``no_cuda_timing`` and ``no_sources``
+(``--arms`` picks others).
 
 ``--block N``: each arm of a pair is N steps in a row (figures per step), so the hooks are
 switched once in N steps: the cold-cache price of putting them back after a bare step, which
@@ -355,8 +358,10 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
 
 # --- by part -----------------------------------------------------------------------------------
 
-PART_ARMS = ("default", "cgroup_every_step", "no_cgroup", "no_sources")
-CUDA_PART_ARMS = ("default", "no_cuda_timing", "no_memory", "no_sources")
+PART_ARMS = ("default", "python_tracker", "no_cgroup", "no_sources")
+CUDA_PART_ARMS = ("default", "python_tracker", "no_cuda_timing", "no_sources")
+#: every variant --arms may name
+ALL_ARMS = (*PART_ARMS, "cgroup_every_step", "no_memory")
 #: which source each ``no_<name>`` variant leaves out
 _LEFT_OUT = {"no_cgroup": "otel_train.sources.cgroup:",
              "no_cuda_timing": "otel_train.sources.gpu.cuda_timing:",
@@ -370,8 +375,12 @@ _CGROUP_INTERVAL_NS = cgroup.MIN_READ_INTERVAL_NS
 
 def _configure(arm: str) -> None:
     """The sources (and the cgroup's read interval) of one variant, for the next run."""
-    if arm not in (*PART_ARMS, *CUDA_PART_ARMS):
+    if arm not in ALL_ARMS:
         raise ValueError(f"unknown variant {arm!r}")
+    if arm == "python_tracker":
+        os.environ["OTEL_TRAIN_FASTPATH"] = "0"
+    else:
+        os.environ.pop("OTEL_TRAIN_FASTPATH", None)
     cgroup.MIN_READ_INTERVAL_NS = 0 if arm == "cgroup_every_step" else _CGROUP_INTERVAL_NS
     if arm == "no_sources":
         _INSTRUMENT.SOURCES = ()
@@ -444,7 +453,7 @@ def main() -> int:
     args = parser.parse_args()
     arms = tuple(a for a in (args.arms or "").split(",") if a) or (
         CUDA_PART_ARMS if args.device == "cuda" else PART_ARMS)
-    unknown = [a for a in arms if a not in (*PART_ARMS, *CUDA_PART_ARMS)]
+    unknown = [a for a in arms if a not in ALL_ARMS]
     if unknown:
         parser.error(f"--arms: unknown variant(s) {', '.join(unknown)}")
     if args.pairs < 10:

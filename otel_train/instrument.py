@@ -27,7 +27,7 @@ from otel_train.export.remote import ExporterUnavailable, RemotePipeline
 from otel_train.identity import Identity
 from otel_train.log_capture import LogCapture, LogContext, internal_logger
 from otel_train.recorder import EVENT, Recorder
-from otel_train.tracker import StepHooks, StepTracker
+from otel_train.tracker import StepHooks, StepTracker, tracker_class
 
 #: what else is observed, beside steps: "module:Class" of each source (see sources/__init__.py)
 SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
@@ -178,8 +178,8 @@ class Instrumentation:
         if choose_exporter(cfg) == "file":
             self.run_dir = cfg.output_dir / ident.run_id
         self.recorder = Recorder(cfg.queue_size)
-        self.tracker = StepTracker(self.recorder, ident.run_id, ident.rank,
-                                   cfg.samples_per_step, cfg.tokens_per_step)
+        self.tracker = tracker_class(cfg.fastpath)(self.recorder, ident.run_id, ident.rank,
+                                                   cfg.samples_per_step, cfg.tokens_per_step)
         pipeline = self._pipeline = self._start_pipeline(ident)
         launcher = identity.launcher_context()
         run_trace = launcher.trace_id if launcher else identity.run_trace_id(ident.run_id)

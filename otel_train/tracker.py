@@ -22,6 +22,14 @@ The hooks run a few times a step between torch's own work, with the caches cold,
 bytecode costs several times what a microbenchmark shows (docs/overhead.md, "The training
 thread's hooks"): ``begin``/``end`` check the thread themselves, append to the recorder's
 queue without a call, and the batch is measured from its first tensor's shape alone.
+
+The hot path (``begin``, ``end``, ``_finish_step``, the forward and backward wrappers, the
+optimizer's hooks) runs in C where ``otel_train/_fastpath.c`` was built at install: no Python
+frame at all, about half of what the Python tracker costs a step (docs/overhead.md, "The
+training thread in C"). :class:`_PyTrackerCore` is the same in Python: the reference, and
+what runs where the C one was not built or ``OTEL_TRAIN_FASTPATH=0``; a property test
+(tests/sdk/test_tracker_core.py) holds the two to the same records, hook calls and state.
+A change to one is a change to both.
 """
 
 from __future__ import annotations
@@ -39,6 +47,11 @@ import torch
 
 from otel_train import identity, internal_errors, semconv, torch_compat
 from otel_train.recorder import PHASE, STEP, Recorder
+
+try:  # the hot path in C, built at install time where a C compiler was found
+    from otel_train import _fastpath
+except ImportError:  # no compiler, another platform: the Python reference below
+    _fastpath = None  # type: ignore[assignment]
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER = semconv.TIMED_PHASES
 _Tensor = torch.Tensor
@@ -62,15 +75,108 @@ def _disable_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_disable_in_forked_child)
 
 
-class StepTracker:
-    """The training thread's view of the current step; hooks call :meth:`begin`/:meth:`end`."""
+class _PyTrackerCore:
+    """The hot path in Python: the step's state and ``begin``/``end``/``_finish_step``.
 
-    __slots__ = ("__weakref__", "_recorder", "_queue", "_capacity", "run_id", "rank",
-                 "thread_id", "enabled", "fixed_samples", "fixed_tokens", "_count_batches",
-                 "step", "step_start_ns", "pending_end_ns", "forwards", "samples", "tokens",
-                 "phase", "phase_start_ns", "phase_micro", "_span_id", "idle_since_ns",
-                 "data_iter", "_depth", "_getrandbits", "_ids_cache", "phase_hooks",
-                 "step_hooks", "end_hooks")
+    The reference implementation: ``_fastpath.TrackerCore`` is the same in C (every member
+    has the name of a slot here), used wherever it was built; tests/sdk/test_tracker_core.py
+    holds the two to the same records and state for any sequence of calls.
+    """
+
+    __slots__ = ("enabled", "_count_batches", "thread_id", "step", "forwards", "samples",
+                 "tokens", "phase_micro", "_depth", "phase_start_ns", "idle_since_ns",
+                 "_span_id", "_capacity", "step_start_ns", "pending_end_ns", "phase",
+                 "data_iter", "phase_hooks", "step_hooks", "end_hooks", "_queue", "_recorder",
+                 "fixed_samples", "fixed_tokens")
+
+    # --- phases ----------------------------------------------------------------------
+    def begin(self, phase: str) -> bool:
+        """A phase begins now. False, recording nothing, off the training thread or once
+        recording stopped: the caller then skips :meth:`end` too."""
+        if not self.enabled or _get_ident() != self.thread_id:
+            return False
+        try:
+            if self.phase is not None and self._begin_inside(phase):
+                return True
+            now = _now()
+            if self.pending_end_ns is not None and phase != OPTIMIZER:
+                self._finish_step()
+            if self.step_start_ns is None:
+                self.step_start_ns = now
+            forwards = self.forwards
+            if phase == FORWARD:
+                self.phase_micro = forwards
+                self.forwards = forwards + 1
+            elif phase == DATA_WAIT:
+                self.phase_micro = forwards
+            else:
+                self.phase_micro = forwards - 1 if forwards else 0
+            self.phase = phase
+            self.phase_start_ns = now
+            self._span_id = 0
+            if self.phase_hooks:
+                for hook in self.phase_hooks:
+                    hook(True, now)
+        except Exception as err:
+            self._fail(err)
+        return True
+
+    def end(self, phase: str) -> None:
+        """The phase begun by the :meth:`begin` that returned True ends now."""
+        try:
+            if self._depth:
+                self._depth -= 1
+                return
+            if self.phase != phase:
+                return
+            now = _now()
+            if self.phase_hooks:
+                for hook in self.phase_hooks:
+                    hook(False, now)
+            if self.end_hooks:
+                for hook in self.end_hooks.get(phase, ()):
+                    hook(now)
+            # span id 0: nobody asked for one while the phase ran, the emitter makes it
+            record = (PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
+                      self._span_id)
+            if len(self._queue) < self._capacity:
+                self._queue.append(record)
+            else:
+                self._recorder.put(record)  # counts the drop
+            self.phase = None
+            self.idle_since_ns = now
+            if phase == OPTIMIZER:
+                self.pending_end_ns = now
+        except Exception as err:
+            self._fail(err)
+
+    def _finish_step(self) -> None:
+        end = self.pending_end_ns
+        start = self.step_start_ns if self.step_start_ns is not None else end
+        forwards = self.forwards
+        if self.step_hooks:
+            for hook in self.step_hooks:
+                hook(self.step)
+        record = (STEP, self.step, start, end, forwards if forwards > 1 else 1,
+                  self.samples if self.fixed_samples is None else self.fixed_samples,
+                  self.tokens if self.fixed_tokens is None else self.fixed_tokens)
+        if len(self._queue) < self._capacity:
+            self._queue.append(record)
+        else:
+            self._recorder.put(record)  # counts the drop
+        self.step += 1
+        self.step_start_ns = end
+        self.pending_end_ns = None
+        self.forwards = self.samples = self.tokens = 0
+
+
+class StepTracker:
+    """The training thread's view of the current step; hooks call :meth:`begin`/:meth:`end`.
+
+    The methods off the hot path; the state and the hot path come from a core:
+    :class:`_PyTrackerCore` or ``_fastpath.TrackerCore`` (:func:`tracker_class` picks)."""
+
+    __slots__ = ()
 
     def __init__(
         self,
@@ -169,38 +275,6 @@ class StepTracker:
 
         return remove
 
-    # --- phases ----------------------------------------------------------------------
-    def begin(self, phase: str) -> bool:
-        """A phase begins now. False, recording nothing, off the training thread or once
-        recording stopped: the caller then skips :meth:`end` too."""
-        if not self.enabled or _get_ident() != self.thread_id:
-            return False
-        try:
-            if self.phase is not None and self._begin_inside(phase):
-                return True
-            now = _now()
-            if self.pending_end_ns is not None and phase != OPTIMIZER:
-                self._finish_step()
-            if self.step_start_ns is None:
-                self.step_start_ns = now
-            forwards = self.forwards
-            if phase == FORWARD:
-                self.phase_micro = forwards
-                self.forwards = forwards + 1
-            elif phase == DATA_WAIT:
-                self.phase_micro = forwards
-            else:
-                self.phase_micro = forwards - 1 if forwards else 0
-            self.phase = phase
-            self.phase_start_ns = now
-            self._span_id = 0
-            if self.phase_hooks:
-                for hook in self.phase_hooks:
-                    hook(True, now)
-        except Exception as err:
-            self._fail(err)
-        return True
-
     def _begin_inside(self, phase: str) -> bool:
         """A phase begins while another is open: True if it is nested (counted, not
         recorded); else the open one is closed first."""
@@ -212,35 +286,6 @@ class StepTracker:
         self._depth = 0
         self.end(self.phase)  # type: ignore[arg-type]
         return False
-
-    def end(self, phase: str) -> None:
-        """The phase begun by the :meth:`begin` that returned True ends now."""
-        try:
-            if self._depth:
-                self._depth -= 1
-                return
-            if self.phase != phase:
-                return
-            now = _now()
-            if self.phase_hooks:
-                for hook in self.phase_hooks:
-                    hook(False, now)
-            if self.end_hooks:
-                for hook in self.end_hooks.get(phase, ()):
-                    hook(now)
-            # span id 0: nobody asked for one while the phase ran, the emitter makes it
-            record = (PHASE, self.step, phase, self.phase_micro, self.phase_start_ns, now,
-                      self._span_id)
-            if len(self._queue) < self._capacity:
-                self._queue.append(record)
-            else:
-                self._recorder.put(record)  # counts the drop
-            self.phase = None
-            self.idle_since_ns = now
-            if phase == OPTIMIZER:
-                self.pending_end_ns = now
-        except Exception as err:
-            self._fail(err)
 
     def _fail(self, err: Exception) -> None:
         # A bug in otel-train's own bookkeeping must never reach the training loop: stop
@@ -262,25 +307,6 @@ class StepTracker:
         self.tokens += tokens
 
     # --- steps -----------------------------------------------------------------------
-    def _finish_step(self) -> None:
-        end = self.pending_end_ns
-        start = self.step_start_ns if self.step_start_ns is not None else end
-        forwards = self.forwards
-        if self.step_hooks:
-            for hook in self.step_hooks:
-                hook(self.step)
-        record = (STEP, self.step, start, end, forwards if forwards > 1 else 1,
-                  self.samples if self.fixed_samples is None else self.fixed_samples,
-                  self.tokens if self.fixed_tokens is None else self.fixed_tokens)
-        if len(self._queue) < self._capacity:
-            self._queue.append(record)
-        else:
-            self._recorder.put(record)  # counts the drop
-        self.step += 1
-        self.step_start_ns = end
-        self.pending_end_ns = None
-        self.forwards = self.samples = self.tokens = 0
-
     def mark_step(self) -> None:
         """End the current step now (for loops without an optimizer step)."""
         if self.phase is not None:
@@ -320,6 +346,32 @@ class StepTracker:
         # another thread's line inside a phase whose id is not made yet: the rank step's
         span_id = (self.phase_span_id or rank_span) if self.phase is not None else rank_span
         return step, trace_id, span_id
+
+
+_OWN_SLOTS = ("__weakref__", "run_id", "rank", "_getrandbits", "_ids_cache")
+
+
+class PyStepTracker(StepTracker, _PyTrackerCore):
+    """A step tracker whose hot path runs in Python."""
+
+    __slots__ = _OWN_SLOTS
+
+
+if _fastpath is not None:
+    _fastpath.configure(phase_record=PHASE, step_record=STEP, data_wait=DATA_WAIT,
+                        forward=FORWARD, optimizer=OPTIMIZER)
+
+    class CStepTracker(StepTracker, _fastpath.TrackerCore):
+        """A step tracker whose hot path runs in C (otel_train/_fastpath.c)."""
+
+        __slots__ = _OWN_SLOTS
+else:
+    CStepTracker = None  # type: ignore[assignment,misc]
+
+
+def tracker_class(fastpath: bool = True) -> type[StepTracker]:
+    """The C tracker where it was built and ``fastpath`` is on, else the Python one."""
+    return CStepTracker if fastpath and CStepTracker is not None else PyStepTracker
 
 
 def batch_size(batch: Any) -> tuple[int, int]:
@@ -375,6 +427,10 @@ def _first_tensor(batch: Any) -> torch.Tensor | None:
 
 def _timed(tracker: StepTracker, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` timed as ``phase`` on the training thread (called straight through elsewhere)."""
+    if _fastpath is not None and isinstance(tracker, _fastpath.TrackerCore):
+        timed_c = _fastpath.Timed(tracker, phase, fn)  # no Python frame a call
+        timed_c.__name__ = timed_c.__qualname__ = getattr(fn, "__name__", phase)
+        return timed_c
     begin, end = tracker.begin, tracker.end
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -386,6 +442,24 @@ def _timed(tracker: StepTracker, phase: str, fn: Callable[..., Any]) -> Callable
             end(phase)
 
     return timed
+
+
+def _optimizer_hooks(tracker: StepTracker) -> tuple[Callable[..., None], Callable[..., None]]:
+    """The optimizer step's (pre, post) hooks: the optimizer phase begins and ends."""
+    if _fastpath is not None and isinstance(tracker, _fastpath.TrackerCore):
+        return (_fastpath.Timed(tracker, OPTIMIZER, kind=_fastpath.HOOK_BEGIN),
+                _fastpath.Timed(tracker, OPTIMIZER, kind=_fastpath.HOOK_END))
+    begin, end = tracker.begin, tracker.end
+
+    def pre(opt: Any, args: Any, kwargs: Any) -> None:
+        begin(OPTIMIZER)
+
+    def post(opt: Any, args: Any, kwargs: Any) -> None:
+        # another thread's optimizer must not end the training thread's phase
+        if tracker.enabled and _get_ident() == tracker.thread_id:
+            end(OPTIMIZER)
+
+    return pre, post
 
 
 class StepHooks:
@@ -479,17 +553,7 @@ class StepHooks:
 
     # --- optimizer -------------------------------------------------------------------
     def hook_optimizer(self, optimizer: torch.optim.Optimizer | None = None) -> None:
-        tracker = self.tracker
-        begin, end = tracker.begin, tracker.end
-
-        def pre(opt: Any, args: Any, kwargs: Any) -> None:
-            begin(OPTIMIZER)
-
-        def post(opt: Any, args: Any, kwargs: Any) -> None:
-            # another thread's optimizer must not end the training thread's phase
-            if tracker.enabled and _get_ident() == tracker.thread_id:
-                end(OPTIMIZER)
-
+        pre, post = _optimizer_hooks(self.tracker)
         if optimizer is not None:
             handles = [optimizer.register_step_pre_hook(pre),
                        optimizer.register_step_post_hook(post)]

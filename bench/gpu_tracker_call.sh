@@ -1,0 +1,37 @@
+#!/bin/bash
+# One device call on a one-GPU machine (the `device` tool): the C tracker built for the
+# device's Python, its equivalence test, the GPU tests, then step pairs on CUDA (default
+# settings, so the C tracker) and on the host's CPU by part (C against Python tracker).
+# Everything lands under $OUT. Carry `.whl` (docs/gpu.md: the cp312 wheels otel-train needs).
+#   PAIRS (1000), CPU_ROUNDS (6; 0 skips the CPU parts), TEST_TIMEOUT (200 s)
+set -u
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+  NVSHMEM_DISABLE_NVLS=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+gcc -O2 -shared -fPIC -Wall -I"$inc" otel_train/_fastpath.c -o "otel_train/_fastpath$ext" \
+  2>&1 | tee "$OUT/build.txt"
+python3 - <<'EOF' | tee "$OUT/env.txt"
+import platform, torch, otel_train.tracker as t
+print("python", platform.python_version(), "torch", torch.__version__,
+      "gpu", torch.cuda.get_device_name(0), "tracker", t.tracker_class().__name__)
+EOF
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/env.txt"
+timeout 120 python3 -m pytest -q -p no:cacheprovider tests/sdk/test_tracker_core.py \
+  > "$OUT/tracker-core.txt" 2>&1
+echo "tracker core rc=$?"; tail -2 "$OUT/tracker-core.txt"
+timeout "${TEST_TIMEOUT:-200}" python3 -m pytest tests/gpu -q -p no:cacheprovider -rfEs \
+  > "$OUT/pytest-gpu.txt" 2>&1
+echo "gpu tests rc=$?"; tail -4 "$OUT/pytest-gpu.txt"
+timeout 330 python3 bench/bench_step_pairs.py --device cuda --pairs "${PAIRS:-1000}" \
+  --out "$OUT/step-pairs-cuda.md" --json "$OUT/step-pairs-cuda.json" > "$OUT/pairs.log" 2>&1
+echo "pairs rc=$?"; grep -E 'pair ratio, median|bound:|threads here|verdict' "$OUT/step-pairs-cuda.md"
+if [ "${CPU_ROUNDS:-6}" -gt 0 ]; then
+  timeout 150 python3 bench/bench_step_pairs.py --device cpu --parts "${CPU_ROUNDS:-6}" \
+    --pairs 500 --out "$OUT/step-pairs-cpu-parts.md" > "$OUT/cpu-parts.log" 2>&1
+  echo "cpu parts rc=$?"; grep -E '^\| (default|python_tracker|no_)' "$OUT/step-pairs-cpu-parts.md"
+fi
+ls -la "$OUT"

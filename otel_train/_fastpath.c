@@ -1,0 +1,596 @@
+/* The step tracker's hot path in C: otel_train._fastpath.
+ *
+ * What runs on the training thread at every phase boundary (tracker.py's StepTracker.begin,
+ * .end and ._finish_step, the forward/backward wrappers and the optimizer's step hooks) with
+ * no Python frame: on a step of a few hundred microseconds of torch work those frames, run
+ * with the caches cold, were most of what otel-train cost the training thread
+ * (docs/overhead.md, "The training thread in C"). The semantics are tracker.py's
+ * _PyTrackerCore, line for line: that class is the reference, used wherever this module is
+ * not built (no C compiler at install time, OTEL_TRAIN_FASTPATH=0), and
+ * tests/sdk/test_tracker_core.py holds the two to the same records and state for any
+ * sequence of calls. The rare paths call back into Python: a phase begun inside another
+ * (_begin_inside), a failure of otel-train's own bookkeeping (_fail).
+ *
+ * Timestamps are time.perf_counter_ns()'s clock: CLOCK_MONOTONIC on Linux (CPython's own
+ * choice there), PyTime_PerfCounterRaw from Python 3.13 on. Elsewhere before 3.13 the module
+ * does not build and the Python tracker is used.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+#include "structmember.h"
+
+#if PY_VERSION_HEX < 0x030D0000 && !defined(__linux__)
+#error "the fast path needs Linux's CLOCK_MONOTONIC before Python 3.13 (perf_counter's clock)"
+#endif
+#ifdef Py_GIL_DISABLED
+#error "the fast path relies on the GIL (free-threaded builds use the Python tracker)"
+#endif
+
+/* set once by configure(): the record kinds and the phase names (semconv's strings) */
+static PyObject *K_PHASE, *K_STEP, *P_DATA_WAIT, *P_FORWARD, *P_OPTIMIZER;
+static PyObject *S_begin_inside, *S_fail, *S_put, *S_append;
+
+static inline int64_t now_ns(void) {
+#if PY_VERSION_HEX >= 0x030D0000
+  PyTime_t t;
+  (void)PyTime_PerfCounterRaw(&t);
+  return (int64_t)t;
+#else
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+#endif
+}
+
+/* phase names are semconv's constants, so identity decides almost always */
+static inline int same(PyObject* a, PyObject* b) {
+  if (a == b) return 1;
+  if (a == NULL || b == NULL || !PyUnicode_CheckExact(a) || !PyUnicode_CheckExact(b)) return 0;
+  return PyUnicode_Compare(a, b) == 0;
+}
+
+static inline int is_none(PyObject* o) { return o == NULL || o == Py_None; }
+
+/* ---- TrackerCore: the state the hot path touches, as members with tracker.py's names ---- */
+typedef struct {
+  PyObject_HEAD
+  char enabled;
+  char count_batches;
+  unsigned long thread_id;
+  long long step, forwards, samples, tokens, phase_micro, depth;
+  long long phase_start_ns, idle_since_ns;
+  unsigned long long span_id;
+  Py_ssize_t capacity;
+  PyObject* step_start_ns;  /* None or int */
+  PyObject* pending_end_ns; /* None or int */
+  PyObject* phase;          /* None or str */
+  PyObject* data_iter;
+  PyObject* phase_hooks; /* tuple */
+  PyObject* step_hooks;  /* tuple */
+  PyObject* end_hooks;   /* dict: phase -> tuple */
+  PyObject* queue;       /* the recorder's deque */
+  PyObject* recorder;
+  PyObject* fixed_samples; /* None or int */
+  PyObject* fixed_tokens;
+} Core;
+
+static PyTypeObject CoreType;
+
+static int core_traverse(Core* self, visitproc visit, void* arg) {
+  Py_VISIT(self->step_start_ns);
+  Py_VISIT(self->pending_end_ns);
+  Py_VISIT(self->phase);
+  Py_VISIT(self->data_iter);
+  Py_VISIT(self->phase_hooks);
+  Py_VISIT(self->step_hooks);
+  Py_VISIT(self->end_hooks);
+  Py_VISIT(self->queue);
+  Py_VISIT(self->recorder);
+  Py_VISIT(self->fixed_samples);
+  Py_VISIT(self->fixed_tokens);
+  return 0;
+}
+
+static int core_clear(Core* self) {
+  Py_CLEAR(self->step_start_ns);
+  Py_CLEAR(self->pending_end_ns);
+  Py_CLEAR(self->phase);
+  Py_CLEAR(self->data_iter);
+  Py_CLEAR(self->phase_hooks);
+  Py_CLEAR(self->step_hooks);
+  Py_CLEAR(self->end_hooks);
+  Py_CLEAR(self->queue);
+  Py_CLEAR(self->recorder);
+  Py_CLEAR(self->fixed_samples);
+  Py_CLEAR(self->fixed_tokens);
+  return 0;
+}
+
+static void core_dealloc(Core* self) {
+  PyObject_GC_UnTrack(self);
+  core_clear(self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* A failure of the tracker's own bookkeeping (an Exception, not a BaseException): hand it to
+ * self._fail, which stops recording and warns once. 0 handled, -1 anything else (raised). */
+static int core_fail(Core* self) {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+  PyObject* r = PyObject_CallMethodOneArg((PyObject*)self, S_fail, value ? value : Py_None);
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  if (r == NULL) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+/* the recorder's queue while under capacity (one length check, one append), else
+ * recorder.put, which counts the drop; steals nothing */
+static int core_put(Core* self, PyObject* record) {
+  PyObject* r;
+  Py_ssize_t n = self->queue ? PyObject_Size(self->queue) : -1;
+  if (n < 0) return -1;
+  if (n < self->capacity)
+    r = PyObject_CallMethodOneArg(self->queue, S_append, record);
+  else
+    r = PyObject_CallMethodOneArg(self->recorder, S_put, record);
+  if (r == NULL) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+static int call_phase_hooks(Core* self, PyObject* begin, int64_t now) {
+  PyObject* hooks = self->phase_hooks;
+  if (hooks == NULL || !PyTuple_Check(hooks) || PyTuple_GET_SIZE(hooks) == 0) return 0;
+  PyObject* when = PyLong_FromLongLong(now);
+  if (when == NULL) return -1;
+  Py_INCREF(hooks); /* a hook may replace the tuple */
+  int rc = 0;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(hooks); i++) {
+    PyObject* args[2] = {begin, when};
+    PyObject* r = PyObject_Vectorcall(PyTuple_GET_ITEM(hooks, i), args, 2, NULL);
+    if (r == NULL) {
+      rc = -1;
+      break;
+    }
+    Py_DECREF(r);
+  }
+  Py_DECREF(hooks);
+  Py_DECREF(when);
+  return rc;
+}
+
+static int call_each(PyObject* hooks, PyObject* arg) {
+  if (hooks == NULL) return 0;
+  PyObject* seq = PySequence_Fast(hooks, "otel-train: hooks must be a sequence");
+  if (seq == NULL) return -1;
+  int rc = 0;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); i++) {
+    PyObject* r = PyObject_Vectorcall(PySequence_Fast_GET_ITEM(seq, i), &arg, 1, NULL);
+    if (r == NULL) {
+      rc = -1;
+      break;
+    }
+    Py_DECREF(r);
+  }
+  Py_DECREF(seq);
+  return rc;
+}
+
+static inline void set_obj(PyObject** slot, PyObject* value) {
+  Py_XINCREF(value);
+  Py_XSETREF(*slot, value);
+}
+
+/* _PyTrackerCore._finish_step; -1 with an exception set */
+static int core_finish_step(Core* self) {
+  PyObject* end = self->pending_end_ns ? self->pending_end_ns : Py_None;
+  PyObject* start = is_none(self->step_start_ns) ? end : self->step_start_ns;
+  Py_INCREF(end);
+  Py_INCREF(start);
+  long long forwards = self->forwards;
+  PyObject* record = NULL;
+  int rc = -1;
+  if (self->step_hooks && PyTuple_Check(self->step_hooks) &&
+      PyTuple_GET_SIZE(self->step_hooks) > 0) {
+    PyObject* step = PyLong_FromLongLong(self->step);
+    if (step == NULL) goto done;
+    int hooks = call_each(self->step_hooks, step);
+    Py_DECREF(step);
+    if (hooks < 0) goto done;
+  }
+  record = PyTuple_New(7);
+  if (record == NULL) goto done;
+  PyObject* samples = is_none(self->fixed_samples) ? PyLong_FromLongLong(self->samples)
+                                                   : Py_NewRef(self->fixed_samples);
+  PyObject* tokens = is_none(self->fixed_tokens) ? PyLong_FromLongLong(self->tokens)
+                                                 : Py_NewRef(self->fixed_tokens);
+  PyObject* step = PyLong_FromLongLong(self->step);
+  PyObject* micro = PyLong_FromLongLong(forwards > 1 ? forwards : 1);
+  PyTuple_SET_ITEM(record, 0, Py_NewRef(K_STEP));
+  PyTuple_SET_ITEM(record, 1, step);
+  PyTuple_SET_ITEM(record, 2, Py_NewRef(start));
+  PyTuple_SET_ITEM(record, 3, Py_NewRef(end));
+  PyTuple_SET_ITEM(record, 4, micro);
+  PyTuple_SET_ITEM(record, 5, samples);
+  PyTuple_SET_ITEM(record, 6, tokens);
+  if (!samples || !tokens || !step || !micro) goto done;
+  if (core_put(self, record) < 0) goto done;
+  self->step += 1;
+  set_obj(&self->step_start_ns, end);
+  set_obj(&self->pending_end_ns, Py_None);
+  self->forwards = self->samples = self->tokens = 0;
+  rc = 0;
+done:
+  Py_XDECREF(record);
+  Py_DECREF(end);
+  Py_DECREF(start);
+  return rc;
+}
+
+/* _PyTrackerCore.begin: 1 recorded (the caller ends it), 0 declined, -1 raised */
+static int core_begin(Core* self, PyObject* phase) {
+  if (!self->enabled || PyThread_get_thread_ident() != self->thread_id) return 0;
+  if (!is_none(self->phase)) {
+    PyObject* r = PyObject_CallMethodOneArg((PyObject*)self, S_begin_inside, phase);
+    if (r == NULL) goto fail;
+    int nested = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (nested < 0) goto fail;
+    if (nested) return 1;
+  }
+  int64_t now = now_ns();
+  if (!is_none(self->pending_end_ns) && !same(phase, P_OPTIMIZER)) {
+    if (core_finish_step(self) < 0) goto fail;
+  }
+  if (is_none(self->step_start_ns)) {
+    PyObject* start = PyLong_FromLongLong(now);
+    if (start == NULL) goto fail;
+    Py_XSETREF(self->step_start_ns, start);
+  }
+  long long forwards = self->forwards;
+  if (same(phase, P_FORWARD)) {
+    self->phase_micro = forwards;
+    self->forwards = forwards + 1;
+  } else if (same(phase, P_DATA_WAIT)) {
+    self->phase_micro = forwards;
+  } else {
+    self->phase_micro = forwards ? forwards - 1 : 0;
+  }
+  set_obj(&self->phase, phase);
+  self->phase_start_ns = now;
+  self->span_id = 0;
+  if (call_phase_hooks(self, Py_True, now) < 0) goto fail;
+  return 1;
+fail:
+  return core_fail(self) < 0 ? -1 : 1;
+}
+
+/* _PyTrackerCore.end: 0 done, -1 raised */
+static int core_end(Core* self, PyObject* phase) {
+  if (self->depth) {
+    self->depth -= 1;
+    return 0;
+  }
+  if (!same(self->phase ? self->phase : Py_None, phase)) return 0;
+  int64_t now = now_ns();
+  if (call_phase_hooks(self, Py_False, now) < 0) goto fail;
+  if (self->end_hooks && PyDict_Check(self->end_hooks) && PyDict_GET_SIZE(self->end_hooks)) {
+    PyObject* hooks = PyDict_GetItemWithError(self->end_hooks, phase); /* borrowed */
+    if (hooks == NULL && PyErr_Occurred()) goto fail;
+    if (hooks != NULL) {
+      PyObject* when = PyLong_FromLongLong(now);
+      if (when == NULL) goto fail;
+      Py_INCREF(hooks);
+      int rc = call_each(hooks, when);
+      Py_DECREF(hooks);
+      Py_DECREF(when);
+      if (rc < 0) goto fail;
+    }
+  }
+  /* span id 0: nobody asked for one while the phase ran, the emitter makes it */
+  PyObject* record = PyTuple_New(7);
+  if (record == NULL) goto fail;
+  PyObject* step = PyLong_FromLongLong(self->step);
+  PyObject* micro = PyLong_FromLongLong(self->phase_micro);
+  PyObject* start = PyLong_FromLongLong(self->phase_start_ns);
+  PyObject* end = PyLong_FromLongLong(now);
+  PyObject* span = PyLong_FromUnsignedLongLong(self->span_id);
+  PyTuple_SET_ITEM(record, 0, Py_NewRef(K_PHASE));
+  PyTuple_SET_ITEM(record, 1, step);
+  PyTuple_SET_ITEM(record, 2, Py_NewRef(phase));
+  PyTuple_SET_ITEM(record, 3, micro);
+  PyTuple_SET_ITEM(record, 4, start);
+  PyTuple_SET_ITEM(record, 5, end);
+  PyTuple_SET_ITEM(record, 6, span);
+  if (!step || !micro || !start || !end || !span || core_put(self, record) < 0) {
+    Py_DECREF(record);
+    goto fail;
+  }
+  Py_DECREF(record);
+  set_obj(&self->phase, Py_None);
+  self->idle_since_ns = now;
+  if (same(phase, P_OPTIMIZER)) {
+    PyObject* pending = PyLong_FromLongLong(now);
+    if (pending == NULL) goto fail;
+    Py_XSETREF(self->pending_end_ns, pending);
+  }
+  return 0;
+fail:
+  return core_fail(self);
+}
+
+static PyObject* core_begin_py(Core* self, PyObject* phase) {
+  int r = core_begin(self, phase);
+  if (r < 0) return NULL;
+  return PyBool_FromLong(r);
+}
+
+static PyObject* core_end_py(Core* self, PyObject* phase) {
+  if (core_end(self, phase) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject* core_finish_step_py(Core* self, PyObject* Py_UNUSED(ignored)) {
+  if (core_finish_step(self) < 0) return NULL;
+  Py_RETURN_NONE;
+}
+
+static PyObject* core_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  Core* self = (Core*)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  /* every object member starts as None, as tracker.py's __init__ would leave it */
+  PyObject** objs[] = {&self->step_start_ns, &self->pending_end_ns, &self->phase,
+                       &self->data_iter, &self->fixed_samples, &self->fixed_tokens};
+  for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) *objs[i] = Py_NewRef(Py_None);
+  self->phase_hooks = PyTuple_New(0);
+  self->step_hooks = PyTuple_New(0);
+  self->end_hooks = PyDict_New();
+  if (!self->phase_hooks || !self->step_hooks || !self->end_hooks) {
+    Py_DECREF(self);
+    return NULL;
+  }
+  return (PyObject*)self;
+}
+
+#define M(name, type, field) {name, type, offsetof(Core, field), 0, NULL}
+static PyMemberDef core_members[] = {
+    M("enabled", T_BOOL, enabled),
+    M("_count_batches", T_BOOL, count_batches),
+    M("thread_id", T_ULONG, thread_id),
+    M("step", T_LONGLONG, step),
+    M("forwards", T_LONGLONG, forwards),
+    M("samples", T_LONGLONG, samples),
+    M("tokens", T_LONGLONG, tokens),
+    M("phase_micro", T_LONGLONG, phase_micro),
+    M("_depth", T_LONGLONG, depth),
+    M("phase_start_ns", T_LONGLONG, phase_start_ns),
+    M("idle_since_ns", T_LONGLONG, idle_since_ns),
+    M("_span_id", T_ULONGLONG, span_id),
+    M("_capacity", T_PYSSIZET, capacity),
+    M("step_start_ns", T_OBJECT, step_start_ns),
+    M("pending_end_ns", T_OBJECT, pending_end_ns),
+    M("phase", T_OBJECT, phase),
+    M("data_iter", T_OBJECT, data_iter),
+    M("phase_hooks", T_OBJECT, phase_hooks),
+    M("step_hooks", T_OBJECT, step_hooks),
+    M("end_hooks", T_OBJECT, end_hooks),
+    M("_queue", T_OBJECT, queue),
+    M("_recorder", T_OBJECT, recorder),
+    M("fixed_samples", T_OBJECT, fixed_samples),
+    M("fixed_tokens", T_OBJECT, fixed_tokens),
+    {NULL, 0, 0, 0, NULL},
+};
+#undef M
+
+static PyMethodDef core_methods[] = {
+    {"begin", (PyCFunction)core_begin_py, METH_O,
+     "A phase begins now; False, recording nothing, off the training thread or once "
+     "recording stopped (the caller then skips end too)."},
+    {"end", (PyCFunction)core_end_py, METH_O,
+     "The phase begun by the begin that returned True ends now."},
+    {"_finish_step", (PyCFunction)core_finish_step_py, METH_NOARGS,
+     "Put the step's record and start the next step."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._fastpath.TrackerCore",
+    .tp_basicsize = sizeof(Core),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The step tracker's state and hot path (tracker.py's _PyTrackerCore in C).",
+    .tp_new = core_new,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_traverse = (traverseproc)core_traverse,
+    .tp_clear = (inquiry)core_clear,
+    .tp_members = core_members,
+    .tp_methods = core_methods,
+};
+
+/* ---- Timed: fn timed as a phase (tracker.py's _timed), and the optimizer's hooks ----- */
+enum { TIMED_CALL = 0, HOOK_BEGIN = 1, HOOK_END = 2 };
+
+typedef struct {
+  PyObject_HEAD
+  Core* tracker;
+  PyObject* phase;
+  PyObject* fn; /* TIMED_CALL only */
+  PyObject* dict;
+  vectorcallfunc vectorcall;
+  int kind;
+} Timed;
+
+static PyObject* timed_vectorcall(PyObject* op, PyObject* const* args, size_t nargsf,
+                                  PyObject* kwnames) {
+  Timed* t = (Timed*)op;
+  Core* tracker = t->tracker;
+  if (t->kind == HOOK_BEGIN) { /* optimizer step pre hook: (opt, args, kwargs) */
+    if (core_begin(tracker, t->phase) < 0) return NULL;
+    Py_RETURN_NONE;
+  }
+  if (t->kind == HOOK_END) { /* another thread's optimizer must not end the training thread's phase */
+    if (tracker->enabled && PyThread_get_thread_ident() == tracker->thread_id &&
+        core_end(tracker, t->phase) < 0)
+      return NULL;
+    Py_RETURN_NONE;
+  }
+  int began = core_begin(tracker, t->phase);
+  if (began < 0) return NULL;
+  PyObject* result = PyObject_Vectorcall(t->fn, args, nargsf, kwnames);
+  if (!began) return result;
+  /* finally: end(phase), the call's own exception kept unless end raises one of its own */
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
+  if (result == NULL) PyErr_Fetch(&type, &value, &tb);
+  if (core_end(tracker, t->phase) < 0) {
+    Py_XDECREF(result);
+    if (value != NULL) { /* as a Python finally: the new exception, the call's as context */
+      PyObject *t2, *v2, *tb2;
+      PyErr_NormalizeException(&type, &value, &tb);
+      PyErr_Fetch(&t2, &v2, &tb2);
+      PyErr_NormalizeException(&t2, &v2, &tb2);
+      if (v2 != NULL) PyException_SetContext(v2, Py_NewRef(value));
+      PyErr_Restore(t2, v2, tb2);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return NULL;
+  }
+  if (result == NULL) PyErr_Restore(type, value, tb);
+  return result;
+}
+
+static PyObject* timed_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  static char* names[] = {"tracker", "phase", "fn", "kind", NULL};
+  PyObject *tracker, *phase, *fn = Py_None;
+  int kind = TIMED_CALL;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!U|Oi:Timed", names, &CoreType, &tracker,
+                                   &phase, &fn, &kind))
+    return NULL;
+  if (kind < TIMED_CALL || kind > HOOK_END || (kind == TIMED_CALL && !PyCallable_Check(fn))) {
+    PyErr_SetString(PyExc_TypeError, "Timed: kind 0 needs a callable fn; kinds 1, 2 none");
+    return NULL;
+  }
+  Timed* self = (Timed*)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  self->tracker = (Core*)Py_NewRef(tracker);
+  self->phase = Py_NewRef(phase);
+  self->fn = Py_NewRef(fn);
+  self->kind = kind;
+  self->vectorcall = timed_vectorcall;
+  return (PyObject*)self;
+}
+
+static int timed_traverse(Timed* self, visitproc visit, void* arg) {
+  Py_VISIT(self->tracker);
+  Py_VISIT(self->phase);
+  Py_VISIT(self->fn);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+static int timed_clear(Timed* self) {
+  Py_CLEAR(self->tracker);
+  Py_CLEAR(self->phase);
+  Py_CLEAR(self->fn);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+static void timed_dealloc(Timed* self) {
+  PyObject_GC_UnTrack(self);
+  timed_clear(self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* a copy of a module (an EMA's deepcopy) shares the wrapper as it would share a function */
+static PyObject* timed_copy(PyObject* self, PyObject* Py_UNUSED(arg)) { return Py_NewRef(self); }
+
+static PyMethodDef timed_methods[] = {
+    {"__copy__", timed_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", timed_copy, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef timed_members[] = {
+    {"phase", T_OBJECT, offsetof(Timed, phase), READONLY, NULL},
+    {"fn", T_OBJECT, offsetof(Timed, fn), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject TimedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._fastpath.Timed",
+    .tp_basicsize = sizeof(Timed),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Timed(tracker, phase, fn): fn timed as phase on the training thread; "
+              "Timed(tracker, phase, kind=1 or 2): an optimizer step pre or post hook.",
+    .tp_new = timed_new,
+    .tp_dealloc = (destructor)timed_dealloc,
+    .tp_traverse = (traverseproc)timed_traverse,
+    .tp_clear = (inquiry)timed_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Timed, vectorcall),
+    .tp_dictoffset = offsetof(Timed, dict),
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+    .tp_methods = timed_methods,
+    .tp_members = timed_members,
+};
+
+/* ---- the module ------------------------------------------------------------------------ */
+static PyObject* configure(PyObject* module, PyObject* args, PyObject* kwds) {
+  static char* names[] = {"phase_record", "step_record", "data_wait", "forward", "optimizer",
+                          NULL};
+  PyObject *kp, *ks, *dw, *fw, *op;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "UUUUU:configure", names, &kp, &ks, &dw, &fw,
+                                   &op))
+    return NULL;
+  set_obj(&K_PHASE, kp);
+  set_obj(&K_STEP, ks);
+  set_obj(&P_DATA_WAIT, dw);
+  set_obj(&P_FORWARD, fw);
+  set_obj(&P_OPTIMIZER, op);
+  Py_RETURN_NONE;
+}
+
+static PyMethodDef module_methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
+     "configure(phase_record, step_record, data_wait, forward, optimizer): the record kinds "
+     "and phase names (tracker.py calls it once at import)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT, "otel_train._fastpath",
+    "The step tracker's hot path in C (see tracker.py).", -1, module_methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__fastpath(void) {
+  if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&TimedType) < 0) return NULL;
+  S_begin_inside = PyUnicode_InternFromString("_begin_inside");
+  S_fail = PyUnicode_InternFromString("_fail");
+  S_put = PyUnicode_InternFromString("put");
+  S_append = PyUnicode_InternFromString("append");
+  if (!S_begin_inside || !S_fail || !S_put || !S_append) return NULL;
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == NULL) return NULL;
+  if (PyModule_AddObject(m, "TrackerCore", Py_NewRef((PyObject*)&CoreType)) < 0 ||
+      PyModule_AddObject(m, "Timed", Py_NewRef((PyObject*)&TimedType)) < 0 ||
+      PyModule_AddIntConstant(m, "HOOK_BEGIN", HOOK_BEGIN) < 0 ||
+      PyModule_AddIntConstant(m, "HOOK_END", HOOK_END) < 0) {
+    Py_DECREF(m);
+    return NULL;
+  }
+  return m;
+}
