@@ -236,7 +236,7 @@ def test_the_c_optimizer_hooks_begin_and_end_the_phase_on_the_training_thread_on
 
 @needs_c
 def test_the_c_core_holds_no_reference_it_does_not_release() -> None:
-    """Reference counts of what every record touches stay put over many steps, and a
+    """Reference counts of what every record touches do not grow with the steps, and a
     wrapper in a cycle with its module (module -> wrapper -> bound method -> module) is
     collected."""
     t = tracker.CStepTracker(Recorder(1 << 30), "run", 0)
@@ -269,7 +269,10 @@ def test_the_c_core_holds_no_reference_it_does_not_release() -> None:
                phase_hook, step_hook, t.phase_hooks, t.step_hooks, t.end_hooks]
     before = [sys.getrefcount(o) for o in watched]
     steps(2000)
-    assert [sys.getrefcount(o) for o in watched] == before
+    # a reference kept a record is 2000 or more; other tests' threads still ending may move
+    # a count by a few
+    grown = [sys.getrefcount(o) - b for o, b in zip(watched, before)]
+    assert max(grown) < 100, grown
     assert len(hook_calls) == 2 * 4 * 2100
 
     model = torch.nn.Linear(2, 2)
@@ -278,3 +281,34 @@ def test_the_c_core_holds_no_reference_it_does_not_release() -> None:
     del model
     gc.collect()
     assert alive() is None
+
+
+def _spans_of_a_run(tmp_path: Any, fastpath: bool) -> tuple[type, list[tuple[Any, ...]]]:
+    from support import otlp_files, training
+
+    import otel_train
+
+    model, opt, loader = training.setup(batches=6)
+    out = tmp_path / str(fastpath)
+    with otel_train.instrument(model, output_dir=out, fastpath=fastpath) as inst:
+        training.train(model, opt, loader, accumulate=2)
+    kinds = sorted((s["name"], s["attrs"].get(semconv.ATTR_STEP),
+                    s["attrs"].get(semconv.ATTR_MICRO_BATCH),
+                    s["attrs"].get(semconv.ATTR_MICRO_BATCHES),
+                    s["attrs"].get(semconv.ATTR_SAMPLES))
+                   for s in otlp_files.spans(otlp_files.only_run_dir(out))
+                   if s["name"] != semconv.SPAN_RUN)
+    return type(inst.tracker), kinds
+
+
+@needs_c
+def test_a_run_exports_the_same_spans_with_either_core(tmp_path) -> None:
+    """End to end (hooks, emitter, exporter process, files), gradient accumulation included:
+    the C tracker's run and the Python tracker's (OTEL_TRAIN_FASTPATH=0) export the same
+    spans, steps, micro-batches and samples."""
+    c_class, c_spans = _spans_of_a_run(tmp_path, True)
+    py_class, py_spans = _spans_of_a_run(tmp_path, False)
+    assert (c_class, py_class) == (tracker.CStepTracker, tracker.PyStepTracker)
+    assert c_spans == py_spans
+    assert sum(1 for s in c_spans if s[0] == semconv.SPAN_FORWARD) == 6
+    assert {s[4] for s in c_spans if s[0] == semconv.SPAN_RANK_STEP} == {2 * 4}  # two micro-batches of 4
