@@ -361,7 +361,8 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
 PART_ARMS = ("default", "python_tracker", "no_cgroup", "no_sources")
 CUDA_PART_ARMS = ("default", "python_tracker", "no_cuda_timing", "no_sources")
 #: every variant --arms may name
-ALL_ARMS = (*PART_ARMS, "cgroup_every_step", "no_memory")
+ALL_ARMS = tuple(dict.fromkeys((*PART_ARMS, *CUDA_PART_ARMS, "cgroup_every_step",
+                                "no_memory")))
 #: which source each ``no_<name>`` variant leaves out
 _LEFT_OUT = {"no_cgroup": "otel_train.sources.cgroup:",
              "no_cuda_timing": "otel_train.sources.gpu.cuda_timing:",

@@ -305,6 +305,7 @@ def test_step_pairs_parts_measure_every_variant_and_restore_the_sources(tmp_path
     assert all(v["pairs"] == 10 for v in parts.values())
     assert instrument_module.SOURCES == sources_before
     assert cgroup.MIN_READ_INTERVAL_NS == interval_before > 0
+    assert "OTEL_TRAIN_FASTPATH" not in os.environ  # the python_tracker variant's, undone
     # each variant really ran as named: no source wrote a cgroup sample in "no_sources"
     from support import otlp_files
 
@@ -316,6 +317,18 @@ def test_step_pairs_parts_measure_every_variant_and_restore_the_sources(tmp_path
         steps = [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
         assert steps and all((semconv.ATTR_CPU_THROTTLED in s["attrs"]) == has_cgroup
                              for s in steps), arm
+
+
+def test_every_default_variant_of_the_step_pairs_is_one_it_knows() -> None:
+    """``--device cuda`` checks its default variants even without ``--parts``: an unknown
+    one stopped the CUDA run before its first step (seen on the H200)."""
+    import bench_step_pairs
+
+    for arms in (bench_step_pairs.PART_ARMS, bench_step_pairs.CUDA_PART_ARMS):
+        for arm in arms:
+            bench_step_pairs._configure(arm)
+    bench_step_pairs._configure("default")
+    assert "OTEL_TRAIN_FASTPATH" not in os.environ
 
 
 def _multigpu_dry_run(out: Path, ranks: int, *args: str) -> None:
