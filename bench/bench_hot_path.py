@@ -56,8 +56,9 @@ TARGETS = [stats.Target("step_cpu_us", "<=", 20.0, "added training-thread CPU a 
            stats.Target("record_ns", "<=", 1000.0, "one record (phase begin+end)", "ns")]
 
 
-def per_record_ns(repeat: int = 7, number: int = 200_000) -> list[float]:
-    tracker = tracker_class()(Recorder(1 << 30), "bench", 0)
+def per_record_ns(repeat: int = 7, number: int = 200_000, fastpath: bool = True
+                  ) -> list[float]:
+    tracker = tracker_class(fastpath)(Recorder(1 << 30), "bench", 0)
 
     def pair() -> None:
         tracker.begin(semconv.PHASE_FORWARD)
@@ -194,6 +195,7 @@ def main() -> int:
     if args.blocks < 2 or args.steps < 1:
         parser.error("--blocks must be at least 2 and --steps positive")
     record = per_record_ns()
+    record_python = per_record_ns(fastpath=False)
     with tempfile.TemporaryDirectory() as tmp:
         steps = per_step(args.blocks, args.steps, Path(tmp), args.parts, args.warmup_steps)
     over_wall = [i - b for i, b in zip(steps["inst_wall"], steps["bare_wall"])]
@@ -217,7 +219,10 @@ def main() -> int:
         "",
         "| measure | median (IQR over blocks) |",
         "| --- | --- |",
-        f"| one phase begin+end (one record), ns | {_fmt(record)} |",
+        f"| one phase begin+end (one record), ns ({tracker_class().__name__}) | "
+        f"{_fmt(record)} |",
+        f"| the same with the Python tracker (OTEL_TRAIN_FASTPATH=0), ns | "
+        f"{_fmt(record_python)} |",
         f"| bare step, wall µs | {_fmt(steps['bare_wall'])} |",
         f"| instrumented step, wall µs | {_fmt(steps['inst_wall'])} |",
         f"| added wall time per step, µs | {_fmt(over_wall)} |",
