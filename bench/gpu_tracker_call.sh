@@ -4,7 +4,8 @@
 # settings, so the C tracker) and on the host's CPU by part (C against Python tracker).
 # Everything lands under $OUT. Carry `.whl` (docs/gpu.md: the cp312 wheels otel-train needs).
 #   PAIRS (1000), CPU_ROUNDS (6; 0 skips the CPU parts), TEST_TIMEOUT (200 s; TESTS=0 skips
-#   the tests), CUDA_ROUNDS (0; N: N rounds of CUDA pairs by part, C against Python tracker)
+#   the tests), CUDA_ROUNDS (0; N: N rounds of CUDA pairs by part, C against Python tracker),
+#   WAKEUP_STEPS (0; N: bench/gil_wakeups.py over N CUDA steps, 2 rounds)
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1
@@ -37,6 +38,11 @@ if [ "${CUDA_ROUNDS:-0}" -gt 0 ]; then
     --pairs 200 --arms default,python_tracker --out "$OUT/step-pairs-cuda-parts.md" \
     > "$OUT/cuda-parts.log" 2>&1
   echo "cuda parts rc=$?"; grep -E '^\| (default|python_tracker)' "$OUT/step-pairs-cuda-parts.md"
+fi
+if [ "${WAKEUP_STEPS:-0}" -gt 0 ]; then
+  timeout 200 python3 bench/gil_wakeups.py --device cuda --steps "$WAKEUP_STEPS" --rounds 2 \
+    --out "$OUT/gil-wakeups-cuda.md" > "$OUT/wakeups.log" 2>&1
+  echo "wakeups rc=$?"; grep -E '^\| [0-9]' "$OUT/gil-wakeups-cuda.md"
 fi
 if [ "${CPU_ROUNDS:-6}" -gt 0 ]; then
   timeout 150 python3 bench/bench_step_pairs.py --device cpu --parts "${CPU_ROUNDS:-6}" \
