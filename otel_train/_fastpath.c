@@ -136,7 +136,11 @@ static int core_fail(Core* self) {
  * recorder.put, which counts the drop; steals nothing */
 static int core_put(Core* self, PyObject* record) {
   PyObject* r;
-  Py_ssize_t n = self->queue ? PyObject_Size(self->queue) : -1;
+  if (self->queue == NULL || self->recorder == NULL) {
+    PyErr_SetString(PyExc_AttributeError, "otel-train: the tracker has no recorder");
+    return -1;
+  }
+  Py_ssize_t n = PyObject_Size(self->queue);
   if (n < 0) return -1;
   if (n < self->capacity)
     r = PyObject_CallMethodOneArg(self->queue, S_append, record);
