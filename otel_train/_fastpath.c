@@ -349,6 +349,10 @@ static PyObject* core_finish_step_py(Core* self, PyObject* Py_UNUSED(ignored)) {
 }
 
 static PyObject* core_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  if (K_PHASE == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "otel_train._fastpath: configure() was not called");
+    return NULL;
+  }
   Core* self = (Core*)type->tp_alloc(type, 0);
   if (self == NULL) return NULL;
   /* every object member starts as None, as tracker.py's __init__ would leave it */
