@@ -27,7 +27,7 @@ from otel_train.export.remote import ExporterUnavailable, RemotePipeline
 from otel_train.identity import Identity
 from otel_train.log_capture import LogCapture, LogContext, internal_logger
 from otel_train.recorder import EVENT, Recorder
-from otel_train.tracker import StepHooks, StepTracker, tracker_class
+from otel_train.tracker import CStepTracker, StepHooks, StepTracker, tracker_class
 
 #: what else is observed, beside steps: "module:Class" of each source (see sources/__init__.py)
 SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
@@ -207,9 +207,11 @@ class Instrumentation:
         self._install_sigterm()
         self._setup_end_perf = time.perf_counter_ns()
         self._offset = offset
+        in_c = CStepTracker is not None and isinstance(self.tracker, CStepTracker)
         self.log.info("otel_train.start", exporter=pipeline.kind,
                       run_dir=str(self.run_dir) if self.run_dir else None,
-                      world_size=ident.world_size, sampler=cfg.sampler_name)
+                      world_size=ident.world_size, sampler=cfg.sampler_name,
+                      tracker="c" if in_c else "python")
 
     def _install_hooks(self) -> None:
         hooks = self._hooks

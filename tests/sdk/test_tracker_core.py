@@ -283,7 +283,8 @@ def test_the_c_core_holds_no_reference_it_does_not_release() -> None:
     assert alive() is None
 
 
-def _spans_of_a_run(tmp_path: Any, fastpath: bool) -> tuple[type, list[tuple[Any, ...]]]:
+def _spans_of_a_run(tmp_path: Any, fastpath: bool
+                    ) -> tuple[type, list[Any], list[tuple[Any, ...]]]:
     from support import otlp_files, training
 
     import otel_train
@@ -298,7 +299,9 @@ def _spans_of_a_run(tmp_path: Any, fastpath: bool) -> tuple[type, list[tuple[Any
                     s["attrs"].get(semconv.ATTR_SAMPLES))
                    for s in otlp_files.spans(otlp_files.only_run_dir(out))
                    if s["name"] != semconv.SPAN_RUN)
-    return type(inst.tracker), kinds
+    said = [r["attrs"].get("tracker") for r in otlp_files.logs(otlp_files.only_run_dir(out))
+            if r.get("body", {}).get("stringValue") == "otel_train.start"]
+    return type(inst.tracker), said, kinds
 
 
 @needs_c
@@ -306,9 +309,10 @@ def test_a_run_exports_the_same_spans_with_either_core(tmp_path) -> None:
     """End to end (hooks, emitter, exporter process, files), gradient accumulation included:
     the C tracker's run and the Python tracker's (OTEL_TRAIN_FASTPATH=0) export the same
     spans, steps, micro-batches and samples."""
-    c_class, c_spans = _spans_of_a_run(tmp_path, True)
-    py_class, py_spans = _spans_of_a_run(tmp_path, False)
+    c_class, c_said, c_spans = _spans_of_a_run(tmp_path, True)
+    py_class, py_said, py_spans = _spans_of_a_run(tmp_path, False)
     assert (c_class, py_class) == (tracker.CStepTracker, tracker.PyStepTracker)
+    assert (c_said, py_said) == (["c"], ["python"])  # the start log says which runs
     assert c_spans == py_spans
     assert sum(1 for s in c_spans if s[0] == semconv.SPAN_FORWARD) == 6
     assert {s[4] for s in c_spans if s[0] == semconv.SPAN_RANK_STEP} == {2 * 4}  # two micro-batches of 4
