@@ -424,6 +424,30 @@ static PyTypeObject CoreType = {
     .tp_methods = core_methods,
 };
 
+/* the ``finally: end(phase)`` of a timed call: its result; or its exception, kept unless end
+ * raises one of its own (then that one, with the call's as its context, as in Python) */
+static PyObject* end_after(Core* tracker, PyObject* phase, PyObject* result) {
+  PyObject *type = NULL, *value = NULL, *tb = NULL;
+  if (result == NULL) PyErr_Fetch(&type, &value, &tb);
+  if (core_end(tracker, phase) < 0) {
+    Py_XDECREF(result);
+    if (value != NULL) {
+      PyObject *t2, *v2, *tb2;
+      PyErr_NormalizeException(&type, &value, &tb);
+      PyErr_Fetch(&t2, &v2, &tb2);
+      PyErr_NormalizeException(&t2, &v2, &tb2);
+      if (v2 != NULL) PyException_SetContext(v2, Py_NewRef(value));
+      PyErr_Restore(t2, v2, tb2);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    return NULL;
+  }
+  if (result == NULL) PyErr_Restore(type, value, tb);
+  return result;
+}
+
 /* ---- Timed: fn timed as a phase (tracker.py's _timed), and the optimizer's hooks ----- */
 enum { TIMED_CALL = 0, HOOK_BEGIN = 1, HOOK_END = 2 };
 
@@ -455,26 +479,7 @@ static PyObject* timed_vectorcall(PyObject* op, PyObject* const* args, size_t na
   if (began < 0) return NULL;
   PyObject* result = PyObject_Vectorcall(t->fn, args, nargsf, kwnames);
   if (!began) return result;
-  /* finally: end(phase), the call's own exception kept unless end raises one of its own */
-  PyObject *type = NULL, *value = NULL, *tb = NULL;
-  if (result == NULL) PyErr_Fetch(&type, &value, &tb);
-  if (core_end(tracker, t->phase) < 0) {
-    Py_XDECREF(result);
-    if (value != NULL) { /* as a Python finally: the new exception, the call's as context */
-      PyObject *t2, *v2, *tb2;
-      PyErr_NormalizeException(&type, &value, &tb);
-      PyErr_Fetch(&t2, &v2, &tb2);
-      PyErr_NormalizeException(&t2, &v2, &tb2);
-      if (v2 != NULL) PyException_SetContext(v2, Py_NewRef(value));
-      PyErr_Restore(t2, v2, tb2);
-    }
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    return NULL;
-  }
-  if (result == NULL) PyErr_Restore(type, value, tb);
-  return result;
+  return end_after(tracker, t->phase, result);
 }
 
 static PyObject* timed_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
@@ -555,6 +560,184 @@ static PyTypeObject TimedType = {
     .tp_members = timed_members,
 };
 
+/* ---- NextTimed: the DataLoader iterator's __next__ timed as the data wait ------------- */
+/* tracker.py's StepHooks.hook_dataloader wrapper: set on the iterator class, so it binds as
+ * a method (a method descriptor, as a Python function is). The batch is counted as there: a
+ * tuple or list whose first item is a plain tensor inline (its shape, and its dtype for
+ * token ids), anything else through count_batch. */
+static PyObject *S_dataset, *S_shape, *S_dtype;
+
+typedef struct {
+  PyObject_HEAD
+  Core* tracker;
+  PyObject* original;
+  PyObject* dataset; /* None: every DataLoader */
+  PyObject* count_batch;
+  PyObject* tensor_type;
+  PyObject* token_dtypes;
+  PyObject* dict;
+  vectorcallfunc vectorcall;
+} NextTimed;
+
+/* the common batch, inline: 0 counted or not countable here (*done says which), -1 raised */
+static int count_inline(NextTimed* n, PyObject* batch, int* done) {
+  *done = 0;
+  if (!PyTuple_CheckExact(batch) && !PyList_CheckExact(batch)) return 0;
+  if (PySequence_Fast_GET_SIZE(batch) == 0) return 0;
+  PyObject* first = PySequence_Fast_GET_ITEM(batch, 0);
+  if ((PyObject*)Py_TYPE(first) != n->tensor_type || !n->tracker->count_batches) return 0;
+  *done = 1;
+  Py_INCREF(first);
+  int rc = -1;
+  PyObject *shape = PyObject_GetAttr(first, S_shape), *dtype = NULL;
+  if (shape == NULL) goto out;
+  Py_ssize_t dims = PyObject_Size(shape);
+  if (dims < 0) goto out;
+  if (dims > 0) {
+    PyObject* s0 = PySequence_GetItem(shape, 0);
+    long long samples = s0 ? PyLong_AsLongLong(s0) : -1;
+    Py_XDECREF(s0);
+    if (samples == -1 && PyErr_Occurred()) goto out;
+    n->tracker->samples += samples;
+    if (dims >= 2) {
+      dtype = PyObject_GetAttr(first, S_dtype);
+      int tokens = dtype ? PySet_Contains(n->token_dtypes, dtype) : -1;
+      if (tokens < 0) goto out;
+      if (tokens) {
+        PyObject* s1 = PySequence_GetItem(shape, 1);
+        long long width = s1 ? PyLong_AsLongLong(s1) : -1;
+        Py_XDECREF(s1);
+        if (width == -1 && PyErr_Occurred()) goto out;
+        n->tracker->tokens += samples * width;
+      }
+    }
+  }
+  rc = 0;
+out:
+  Py_XDECREF(dtype);
+  Py_XDECREF(shape);
+  Py_DECREF(first);
+  return rc;
+}
+
+static PyObject* next_vectorcall(PyObject* op, PyObject* const* args, size_t nargsf,
+                                 PyObject* kwnames) {
+  NextTimed* n = (NextTimed*)op;
+  Core* tracker = n->tracker;
+  if (PyVectorcall_NARGS(nargsf) != 1 || kwnames != NULL)
+    return PyObject_Vectorcall(n->original, args, nargsf, kwnames);
+  PyObject* it = args[0];
+  if (n->dataset != Py_None) {
+    PyObject* ds = PyObject_GetAttr(it, S_dataset);
+    if (ds == NULL) return NULL;
+    int other = ds != n->dataset;
+    Py_DECREF(ds);
+    if (other) return PyObject_Vectorcall(n->original, args, nargsf, NULL);
+  }
+  int began = core_begin(tracker, P_DATA_WAIT);
+  if (began < 0) return NULL;
+  if (!began) return PyObject_Vectorcall(n->original, args, nargsf, NULL);
+  set_obj(&tracker->data_iter, it); /* only while waiting: never keeps workers alive */
+  PyObject* batch = PyObject_Vectorcall(n->original, args, nargsf, NULL);
+  set_obj(&tracker->data_iter, Py_None);
+  batch = end_after(tracker, P_DATA_WAIT, batch);
+  if (batch == NULL) return NULL;
+  int done;
+  if (count_inline(n, batch, &done) < 0) {
+    Py_DECREF(batch);
+    return NULL;
+  }
+  if (!done) {
+    PyObject* r = PyObject_Vectorcall(n->count_batch, &batch, 1, NULL);
+    if (r == NULL) {
+      Py_DECREF(batch);
+      return NULL;
+    }
+    Py_DECREF(r);
+  }
+  return batch;
+}
+
+static PyObject* next_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
+  static char* names[] = {"tracker", "original", "dataset", "count_batch", "tensor_type",
+                          "token_dtypes", NULL};
+  PyObject *tracker, *original, *dataset, *count_batch, *tensor_type, *token_dtypes;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOO!:NextTimed", names, &CoreType,
+                                   &tracker, &original, &dataset, &count_batch, &tensor_type,
+                                   &PyFrozenSet_Type, &token_dtypes))
+    return NULL;
+  if (!PyCallable_Check(original) || !PyCallable_Check(count_batch) ||
+      !PyType_Check(tensor_type)) {
+    PyErr_SetString(PyExc_TypeError, "NextTimed: original and count_batch must be callable, "
+                                     "tensor_type a type");
+    return NULL;
+  }
+  NextTimed* self = (NextTimed*)type->tp_alloc(type, 0);
+  if (self == NULL) return NULL;
+  self->tracker = (Core*)Py_NewRef(tracker);
+  self->original = Py_NewRef(original);
+  self->dataset = Py_NewRef(dataset);
+  self->count_batch = Py_NewRef(count_batch);
+  self->tensor_type = Py_NewRef(tensor_type);
+  self->token_dtypes = Py_NewRef(token_dtypes);
+  self->vectorcall = next_vectorcall;
+  return (PyObject*)self;
+}
+
+static int next_traverse(NextTimed* self, visitproc visit, void* arg) {
+  Py_VISIT(self->tracker);
+  Py_VISIT(self->original);
+  Py_VISIT(self->dataset);
+  Py_VISIT(self->count_batch);
+  Py_VISIT(self->tensor_type);
+  Py_VISIT(self->token_dtypes);
+  Py_VISIT(self->dict);
+  return 0;
+}
+
+static int next_clear(NextTimed* self) {
+  Py_CLEAR(self->tracker);
+  Py_CLEAR(self->original);
+  Py_CLEAR(self->dataset);
+  Py_CLEAR(self->count_batch);
+  Py_CLEAR(self->tensor_type);
+  Py_CLEAR(self->token_dtypes);
+  Py_CLEAR(self->dict);
+  return 0;
+}
+
+static void next_dealloc(NextTimed* self) {
+  PyObject_GC_UnTrack(self);
+  next_clear(self);
+  Py_TYPE(self)->tp_free((PyObject*)self);
+}
+
+/* looked up on an iterator (it.__next__), it binds to it as a function does */
+static PyObject* next_get(PyObject* self, PyObject* obj, PyObject* type) {
+  if (obj == NULL || obj == Py_None) return Py_NewRef(self);
+  return PyMethod_New(self, obj);
+}
+
+static PyTypeObject NextTimedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_train._fastpath.NextTimed",
+    .tp_basicsize = sizeof(NextTimed),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+                Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "NextTimed(tracker, original, dataset, count_batch, tensor_type, token_dtypes): "
+              "a DataLoader iterator's __next__ timed as the data wait.",
+    .tp_new = next_new,
+    .tp_dealloc = (destructor)next_dealloc,
+    .tp_traverse = (traverseproc)next_traverse,
+    .tp_clear = (inquiry)next_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(NextTimed, vectorcall),
+    .tp_dictoffset = offsetof(NextTimed, dict),
+    .tp_descr_get = next_get,
+    .tp_getattro = PyObject_GenericGetAttr,
+    .tp_setattro = PyObject_GenericSetAttr,
+};
+
 /* ---- the module ------------------------------------------------------------------------ */
 static PyObject* configure(PyObject* module, PyObject* args, PyObject* kwds) {
   static char* names[] = {"phase_record", "step_record", "data_wait", "forward", "optimizer",
@@ -585,7 +768,13 @@ static struct PyModuleDef module_def = {
 };
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
-  if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&TimedType) < 0) return NULL;
+  if (PyType_Ready(&CoreType) < 0 || PyType_Ready(&TimedType) < 0 ||
+      PyType_Ready(&NextTimedType) < 0)
+    return NULL;
+  S_dataset = PyUnicode_InternFromString("_dataset");
+  S_shape = PyUnicode_InternFromString("shape");
+  S_dtype = PyUnicode_InternFromString("dtype");
+  if (!S_dataset || !S_shape || !S_dtype) return NULL;
   S_begin_inside = PyUnicode_InternFromString("_begin_inside");
   S_fail = PyUnicode_InternFromString("_fail");
   S_put = PyUnicode_InternFromString("put");
@@ -595,6 +784,7 @@ PyMODINIT_FUNC PyInit__fastpath(void) {
   if (m == NULL) return NULL;
   if (PyModule_AddObject(m, "TrackerCore", Py_NewRef((PyObject*)&CoreType)) < 0 ||
       PyModule_AddObject(m, "Timed", Py_NewRef((PyObject*)&TimedType)) < 0 ||
+      PyModule_AddObject(m, "NextTimed", Py_NewRef((PyObject*)&NextTimedType)) < 0 ||
       PyModule_AddIntConstant(m, "HOOK_BEGIN", HOOK_BEGIN) < 0 ||
       PyModule_AddIntConstant(m, "HOOK_END", HOOK_END) < 0) {
     Py_DECREF(m);

@@ -479,8 +479,17 @@ class StepHooks:
         original = cls.__dict__["__next__"]
         tracker = self.tracker
         begin, end, count_batch = tracker.begin, tracker.end, tracker.count_batch
+        if _fastpath is not None and isinstance(tracker, _fastpath.TrackerCore):
+            # the same in C, a method as this function is (no Python frame a batch)
+            __next__ = _fastpath.NextTimed(tracker, original, dataset, count_batch, _Tensor,
+                                           _TOKEN_DTYPES)
+            __next__.__name__ = __next__.__qualname__ = "__next__"
+            __next__.__wrapped__ = original
+            cls.__next__ = __next__
+            self._undo.append(lambda: setattr(cls, "__next__", original))
+            return
 
-        def __next__(it: Any) -> Any:
+        def __next__(it: Any) -> Any:  # type: ignore[no-redef]
             if (dataset is not None and it._dataset is not dataset) or not begin(DATA_WAIT):
                 return original(it)
             tracker.data_iter = it  # only while waiting: never keeps workers alive

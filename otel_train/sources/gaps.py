@@ -74,7 +74,8 @@ def code_kind(filename: str) -> int:
 
 def user_frames(frame: Any, kinds: dict[Any, int]) -> tuple[Frame, ...]:
     """The innermost user frames of a stack, innermost first, up to ``STACK_DEPTH``; the walk
-    stops at otel-train's own hooks (what lies outside them is the loop, not the wait)."""
+    stops at otel-train's own hooks and the DataLoader iterator's ``__next__`` (what lies
+    outside them is the loop, not the wait)."""
     out: list[Frame] = []
     while frame is not None and len(out) < STACK_DEPTH:
         code = frame.f_code
@@ -88,6 +89,15 @@ def user_frames(frame: Any, kinds: dict[Any, int]) -> tuple[Frame, ...]:
                         frame.f_lineno))
         frame = frame.f_back
     return tuple(out)
+
+
+def _dataloader_next_code() -> Any:
+    """The code of the DataLoader iterator's own ``__next__`` (behind otel-train's data-wait
+    wrapper, which is C where the fast path is built and then leaves no frame): a data wait's
+    stack walk stops there, as at the wrapper, so a batch's wait is named by the dataset's
+    line or the worker waited for, never by the training loop's ``for batch in loader``."""
+    fn = torch_compat.dataloader_iter_class().__dict__["__next__"]
+    return getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
 
 
 def segment_name(after: str | None, before: str | None) -> str:
@@ -110,7 +120,7 @@ class GapSource:
         self.samples: collections.deque[tuple[int, tuple[Frame, ...], int | None]] = (
             collections.deque(maxlen=MAX_SAMPLES))
         self._last_phase: str | None = None  # the previous step's last phase
-        self._kinds: dict[Any, int] = {}
+        self._kinds: dict[Any, int] = {_dataloader_next_code(): OWN}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         ctx.emitter.before_step(self._on_step)

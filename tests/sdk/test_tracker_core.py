@@ -264,16 +264,32 @@ def test_the_c_core_holds_no_reference_it_does_not_release() -> None:
             timed(1)
         t._recorder.queue.clear()
 
+    batch = (torch.zeros(4, 3, dtype=torch.long), torch.zeros(4))
+    it = object()
+
+    def original(it: object) -> tuple[torch.Tensor, torch.Tensor]:
+        return batch
+
+    data_wait = tracker._fastpath.NextTimed(t, original, None, t.count_batch, torch.Tensor,
+                                            tracker._TOKEN_DTYPES)
+    steps_before = steps
+
+    def steps(n: int) -> None:  # noqa: F811  (the same steps, a data wait first)
+        for _ in range(n):
+            assert data_wait(it) is batch
+        steps_before(n)
+
     steps(100)
     watched = [*PHASES, PHASE, STEP, t, t._recorder.queue, t._recorder, timed, fn,
-               phase_hook, step_hook, t.phase_hooks, t.step_hooks, t.end_hooks]
+               phase_hook, step_hook, t.phase_hooks, t.step_hooks, t.end_hooks, it, batch,
+               batch[0], original, data_wait]
     before = [sys.getrefcount(o) for o in watched]
     steps(2000)
     # a reference kept a record is 2000 or more; other tests' threads still ending may move
     # a count by a few
     grown = [sys.getrefcount(o) - b for o, b in zip(watched, before)]
     assert max(grown) < 100, grown
-    assert len(hook_calls) == 2 * 4 * 2100
+    assert len(hook_calls) == 2 * 5 * 2100  # begin and end of five phases a step
 
     model = torch.nn.Linear(2, 2)
     model._compiled_call_impl = tracker._timed(t, FORWARD, model._call_impl)
@@ -316,3 +332,60 @@ def test_a_run_exports_the_same_spans_with_either_core(tmp_path) -> None:
     assert c_spans == py_spans
     assert sum(1 for s in c_spans if s[0] == semconv.SPAN_FORWARD) == 6
     assert {s[4] for s in c_spans if s[0] == semconv.SPAN_RANK_STEP} == {2 * 4}  # two micro-batches of 4
+
+
+class _Dict(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": torch.full((5,), i, dtype=torch.long)}
+
+
+def _datasets() -> dict[str, Any]:
+    from torch.utils.data import TensorDataset
+
+    return {"floats": TensorDataset(torch.randn(10, 3), torch.randn(10, 1)),
+            "token_ids": TensorDataset(torch.randint(0, 9, (10, 7)), torch.randn(10)),
+            "one_dim_ids": TensorDataset(torch.arange(10)),
+            "dicts": _Dict()}
+
+
+def _data_waits(fastpath: bool, name: str, restrict: bool) -> tuple[Any, ...]:
+    from torch.utils.data import DataLoader
+
+    data = _datasets()
+    t = tracker.tracker_class(fastpath)(Recorder(1 << 20), "run", 0)
+    hooks = tracker.StepHooks(t)
+    hooks.hook_dataloader(data[name] if restrict else None)
+    try:
+        it = iter(DataLoader(data[name], batch_size=4))
+        got = [next(it), it.__next__()]  # the slot and the bound method alike
+        with pytest.raises(StopIteration):
+            while True:
+                got.append(next(it))
+        other = torch.utils.data.TensorDataset(torch.randn(6, 2))
+        for _ in DataLoader(other, batch_size=5):  # another loader's batches
+            pass
+    finally:
+        hooks.remove()
+    return (len(got), [_normal(r) for r in t._recorder.queue], t.samples, t.tokens,
+            t.phase, t.data_iter)
+
+
+@needs_c
+@pytest.mark.parametrize("name", ["floats", "token_ids", "one_dim_ids", "dicts"])
+@pytest.mark.parametrize("restrict", [False, True])
+def test_the_c_data_wait_records_and_counts_as_the_python_one(name, restrict) -> None:
+    """The DataLoader iterator's ``__next__`` in C: the same data-wait records (the one that
+    ends the loader included), samples and tokens for every kind of batch, only the given
+    loader's waits when restricted, and nothing left pointing at the iterator."""
+    python, c = _data_waits(False, name, restrict), _data_waits(True, name, restrict)
+    assert c == python
+    assert c[1] and c[4] is None and c[5] is None
+    own = len(_datasets()[name])
+    assert c[2] == own + (0 if restrict else 6)  # samples of every batch counted
+    from torch.utils.data import dataloader
+
+    assert not isinstance(dataloader._BaseDataLoaderIter.__dict__["__next__"],
+                          tracker._fastpath.NextTimed)  # removed
