@@ -23,8 +23,8 @@ bytecode costs several times what a microbenchmark shows (docs/overhead.md, "The
 thread's hooks"): ``begin``/``end`` check the thread themselves, append to the recorder's
 queue without a call, and the batch is measured from its first tensor's shape alone.
 
-The hot path (``begin``, ``end``, ``_finish_step``, the forward and backward wrappers, the
-optimizer's hooks) runs in C where ``otel_train/_fastpath.c`` was built at install: no Python
+The hot path (``begin``, ``end``, ``_finish_step``, the data wait's, forward's and backward's
+wrappers, the optimizer's hooks) runs in C where ``otel_train/_fastpath.c`` was built at install: no Python
 frame at all, about half of what the Python tracker costs a step (docs/overhead.md, "The
 training thread in C"). :class:`_PyTrackerCore` is the same in Python: the reference, and
 what runs where the C one was not built or ``OTEL_TRAIN_FASTPATH=0``; a property test
