@@ -1,13 +1,13 @@
 /* The step tracker's hot path in C: otel_train._fastpath.
  *
  * What runs on the training thread at every phase boundary (tracker.py's StepTracker.begin,
- * .end and ._finish_step, the forward/backward wrappers and the optimizer's step hooks) with
- * no Python frame: on a step of a few hundred microseconds of torch work those frames, run
+ * .end and ._finish_step, the data wait's, forward's and backward's wrappers and the
+ * optimizer's step hooks) with no Python frame: on a step of a few hundred microseconds of torch work those frames, run
  * with the caches cold, were most of what otel-train cost the training thread
  * (docs/overhead.md, "The training thread in C"). The semantics are tracker.py's
- * _PyTrackerCore, line for line: that class is the reference, used wherever this module is
- * not built (no C compiler at install time, OTEL_TRAIN_FASTPATH=0), and
- * tests/sdk/test_tracker_core.py holds the two to the same records and state for any
+ * _PyTrackerCore and StepHooks' Python wrappers, line for line: they are the reference, used
+ * wherever this module is not built (no C compiler at install time, OTEL_TRAIN_FASTPATH=0),
+ * and tests/sdk/test_tracker_core.py holds the two to the same records and state for any
  * sequence of calls. The rare paths call back into Python: a phase begun inside another
  * (_begin_inside), a failure of otel-train's own bookkeeping (_fail).
  *
