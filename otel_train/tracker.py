@@ -444,6 +444,43 @@ def _timed(tracker: StepTracker, phase: str, fn: Callable[..., Any]) -> Callable
     return timed
 
 
+def _timed_next(tracker: StepTracker, original: Callable[[Any], Any], dataset: Any
+                ) -> Callable[[Any], Any]:
+    """The DataLoader iterator's ``__next__`` (``original``) timed as the data wait, its batch
+    counted; only ``dataset``'s iterators where one is given. A method of the iterator class."""
+    if _fastpath is not None and isinstance(tracker, _fastpath.TrackerCore):
+        # the same in C, a method as the function below is (no Python frame a batch)
+        next_c = _fastpath.NextTimed(tracker, original, dataset, tracker.count_batch, _Tensor,
+                                     _TOKEN_DTYPES)
+        next_c.__name__ = next_c.__qualname__ = "__next__"
+        return next_c
+    begin, end, count_batch = tracker.begin, tracker.end, tracker.count_batch
+
+    def __next__(it: Any) -> Any:
+        if (dataset is not None and it._dataset is not dataset) or not begin(DATA_WAIT):
+            return original(it)
+        tracker.data_iter = it  # only while waiting: never keeps workers alive
+        try:
+            batch = original(it)
+        finally:
+            tracker.data_iter = None
+            end(DATA_WAIT)
+        # count_batch's common case inline (a tuple or list of plain tensors: a call
+        # less, and two, at every batch)
+        if type(batch) in _SEQUENCES and batch and type(batch[0]) is _Tensor \
+                and tracker._count_batches:
+            shape = batch[0].shape
+            if shape:
+                tracker.samples += shape[0]
+                if len(shape) >= 2 and batch[0].dtype in _TOKEN_DTYPES:
+                    tracker.tokens += shape[0] * shape[1]
+        else:
+            count_batch(batch)
+        return batch
+
+    return __next__
+
+
 def _optimizer_hooks(tracker: StepTracker) -> tuple[Callable[..., None], Callable[..., None]]:
     """The optimizer step's (pre, post) hooks: the optimizer phase begins and ends."""
     if _fastpath is not None and isinstance(tracker, _fastpath.TrackerCore):
@@ -477,40 +514,7 @@ class StepHooks:
     def hook_dataloader(self, dataset: Any = None) -> None:
         cls = torch_compat.dataloader_iter_class()
         original = cls.__dict__["__next__"]
-        tracker = self.tracker
-        begin, end, count_batch = tracker.begin, tracker.end, tracker.count_batch
-        if _fastpath is not None and isinstance(tracker, _fastpath.TrackerCore):
-            # the same in C, a method as this function is (no Python frame a batch)
-            __next__ = _fastpath.NextTimed(tracker, original, dataset, count_batch, _Tensor,
-                                           _TOKEN_DTYPES)
-            __next__.__name__ = __next__.__qualname__ = "__next__"
-            __next__.__wrapped__ = original
-            cls.__next__ = __next__
-            self._undo.append(lambda: setattr(cls, "__next__", original))
-            return
-
-        def __next__(it: Any) -> Any:  # type: ignore[no-redef]
-            if (dataset is not None and it._dataset is not dataset) or not begin(DATA_WAIT):
-                return original(it)
-            tracker.data_iter = it  # only while waiting: never keeps workers alive
-            try:
-                batch = original(it)
-            finally:
-                tracker.data_iter = None
-                end(DATA_WAIT)
-            # count_batch's common case inline (a tuple or list of plain tensors: a call
-            # less, and two, at every batch)
-            if type(batch) in _SEQUENCES and batch and type(batch[0]) is _Tensor \
-                    and tracker._count_batches:
-                shape = batch[0].shape
-                if shape:
-                    tracker.samples += shape[0]
-                    if len(shape) >= 2 and batch[0].dtype in _TOKEN_DTYPES:
-                        tracker.tokens += shape[0] * shape[1]
-            else:
-                count_batch(batch)
-            return batch
-
+        __next__ = _timed_next(self.tracker, original, dataset)
         __next__.__wrapped__ = original  # type: ignore[attr-defined]
         cls.__next__ = __next__
         self._undo.append(lambda: setattr(cls, "__next__", original))
