@@ -86,6 +86,10 @@ class StepInfo:
     #: events for the train.rank_step span as (name, epoch ns, attributes), set by pre-step
     #: listeners (sources/gaps.py)
     events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    #: (host end, GPU end) of each GPU-timed phase, wall-clock ns, in order; None where the
+    #: step's GPU times are not known (a CPU run, events unresolved): set by
+    #: sources/gpu/cuda_timing.py, read by sources/gaps.py
+    gpu_ends: list[tuple[int, int]] | None = None
 
 
 def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:

@@ -38,6 +38,12 @@ PHASE_BACKWARD = "backward"
 PHASE_OPTIMIZER = "optimizer"
 PHASE_EXPOSED_COMM = "exposed_comm"
 PHASE_COMPILE = "compile"
+#: the time outside every phase, split by what held the training thread there
+#: (sources/gaps.py): blocked on the device (a call that waited for the GPU, whose queue
+#: still held work issued before the stretch) and busy on the host (user code running while
+#: the device had caught up, or a CPU run); the rest of it is not explained
+PHASE_DEVICE_WAIT = "device_wait"
+PHASE_HOST_BUSY = "host_busy"
 #: the four phases the step hooks time themselves, in loop order
 TIMED_PHASES = (PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
 PHASE_SPAN = {
@@ -86,6 +92,9 @@ ATTR_GAP_DURATION = "training.gap.duration_s"
 #: samples of the training thread's stack taken in it, and the share at the location named
 ATTR_GAP_SAMPLES = "training.gap.samples"
 ATTR_GAP_LOCATION_SHARE = "training.gap.location_share"
+#: on a training.gap event of a GPU run: the seconds of it the host was blocked on the
+#: device (the GPU still ran work issued before the stretch); the rest the host was busy
+ATTR_GAP_DEVICE_WAIT = "training.gap.device_wait_s"
 ATTR_DATA_WORKER = "training.data.worker"
 ATTR_CODE_FUNCTION = "code.function.name"
 ATTR_CODE_FILE = "code.file.path"

@@ -36,7 +36,8 @@ from otel_train.analysis.report_model import (
 #: the attributes pass one reads for this, besides the op
 ARRIVAL_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_SEQ, sc.ATTR_COLLECTIVE_GROUP,
                                 sc.ATTR_COLLECTIVE_SOURCE, sc.ATTR_COLLECTIVE_GROUP_SIZE,
-                                sc.ATTR_COLLECTIVE_COUNT, sc.ATTR_RANK, sc.ATTR_STEP})
+                                sc.ATTR_COLLECTIVE_COUNT, sc.ATTR_RANK, sc.ATTR_STEP,
+                                sc.ATTR_COLLECTIVE_GPU_DURATION})
 #: point-to-point operations: one rank sends, another receives, nobody waits for all
 POINT_TO_POINT = frozenset({"send", "recv"})
 
@@ -52,13 +53,17 @@ class ArrivalRows:
     starts: array = field(default_factory=lambda: array("q"))  # epoch ns: the arrival
     ops: array = field(default_factory=lambda: array("l"))  # name id
     sizes: array = field(default_factory=lambda: array("l"))  # group size, 0 if unknown
+    #: epoch ns: when it ended (on NCCL, its GPU end on the host's clock)
+    ends: array = field(default_factory=lambda: array("q"))
+    #: its GPU seconds, -1 where not measured (gloo)
+    gpu_s: array = field(default_factory=lambda: array("d"))
     names: list[str] = field(default_factory=list)
     ids: dict[str, int] = field(default_factory=dict)
     #: collectives inside summary spans: not comparable
     summarised: int = 0
 
     def add(self, attrs: RawAttributes, resource: dict[str, Any], op: str,
-            start_ns: int) -> None:
+            start_ns: int, end_ns: int = 0) -> None:
         """One ``train.collective`` span (``attrs`` hold at least ``ARRIVAL_ATTRIBUTES``)."""
         count = attribute(attrs, sc.ATTR_COLLECTIVE_COUNT)
         if count is not None:
@@ -78,6 +83,8 @@ class ArrivalRows:
         self.starts.append(start_ns)
         self.ops.append(self._id(op))
         self.sizes.append(int(attribute(attrs, sc.ATTR_COLLECTIVE_GROUP_SIZE, 0)))
+        self.ends.append(max(end_ns, start_ns))
+        self.gpu_s.append(float(attribute(attrs, sc.ATTR_COLLECTIVE_GPU_DURATION, -1.0)))
 
     def _id(self, name: str) -> int:
         found = self.ids.get(name)
@@ -92,7 +99,8 @@ class ArrivalRows:
         self.ops.extend(remap[o] for o in other.ops)
         for mine, theirs in ((self.seqs, other.seqs), (self.ranks, other.ranks),
                              (self.steps, other.steps), (self.starts, other.starts),
-                             (self.sizes, other.sizes)):
+                             (self.sizes, other.sizes), (self.ends, other.ends),
+                             (self.gpu_s, other.gpu_s)):
             mine.extend(theirs)
         self.summarised += other.summarised
 
@@ -108,6 +116,10 @@ class Matching:
     unmatched: int = 0
     mismatched: int = 0
     sources: set[str] = field(default_factory=set)
+    #: (key id, seq) -> the rows of that collective, one per rank
+    members: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    #: (key id, seq) -> its late arrival, where compared
+    late_of: dict[tuple[int, int], LateArrival] = field(default_factory=dict)
 
 
 def match(rows: ArrivalRows) -> Matching:
@@ -115,7 +127,7 @@ def match(rows: ArrivalRows) -> Matching:
     members: dict[tuple[int, int], list[int]] = {}
     for index, key in enumerate(zip(rows.keys, rows.seqs, strict=True)):
         members.setdefault(key, []).append(index)
-    out = Matching()
+    out = Matching(members=members)
     for key, seq in sorted(members):
         found = _late_arrival(rows, members[(key, seq)])
         if found == "unmatched":
@@ -126,6 +138,7 @@ def match(rows: ArrivalRows) -> Matching:
             rank, lag_ns, step, op = found
             _, source, group = rows.names[key].split("/", 2)
             out.late.append(LateArrival(step, rank, lag_ns / 1e9, rows.names[op], seq, group))
+            out.late_of[(key, seq)] = out.late[-1]
             out.sources.add(source)
     return out
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from otel_train import semconv as sc
 from otel_train.analysis import arrivals as arr
 from otel_train.analysis import attribution as st
+from otel_train.analysis.device_waits import GpuIntervals
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
 from otel_train.analysis.report_model import (
@@ -65,7 +66,8 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     world = traces.world_size or len(by_rank)
     slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
         spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
-        set(range(world)) | set(by_rank), late_of_step=arr.late_of_step(lateness, durations))
+        set(range(world)) | set(by_rank), late_of_step=arr.late_of_step(lateness, durations),
+        collectives=GpuIntervals(traces.arrivals, matching))
     for slow_step in slow:
         slow_step.late_arrival = lateness.get(slow_step.step)
     used = [p for p in PHASES if any(table.phases[p])]

@@ -16,6 +16,9 @@ class RankBreakdown:
     max_s: float
     phase_mean_s: dict[str, float]  # mean seconds per step in each phase
     quantiles_s: list[float]  # min, p25, p50, p75, p95, max of step time
+    #: the mean untimed seconds a step, split: the host blocked on the device
+    #: (``device_wait``), busy on the host (``host_busy``), and ``not_explained``
+    untimed_split_s: dict[str, float] = field(default_factory=dict)
 
 
 #: a step waited for its late rank when it arrived this share of the step's duration after
@@ -107,6 +110,49 @@ class Arrivals:
 
 
 @dataclass
+class DeviceWait:
+    """A host blocked on its device, and what the device was waiting for: where a slow
+    step's time surfaced on a rank that did not cause it (sources/gaps.py records the
+    blocked time, analysis/device_waits.py follows it)."""
+
+    rank: int
+    step: int  # the step in which the host blocked
+    seconds: float
+    #: the stretch it lay in and the blocking call sampled there ("<module>() at train.py:107")
+    segment: str | None = None
+    location: str | None = None
+    #: the collective the device waited in, where one holds the wait
+    op: str | None = None
+    seq: int | None = None
+    collective_step: int | None = None
+    collective_gpu_s: float | None = None
+    #: the rank it waited for, and how that rank was late: "host" (issued the collective
+    #: last), "gpu" (its GPU reached it last) or "own" (the device ran this rank's own work)
+    waited_for: int | None = None
+    late_on: str | None = None
+
+    @property
+    def sentence(self) -> str:
+        at = f" at {self.location.rsplit(' at ', 1)[-1]}" if self.location else ""
+        text = f"rank {self.rank} blocked {_lag(self.seconds)}{at} in step {self.step}"
+        if self.late_on == "own":
+            return text + " waiting for its own GPU work"
+        if self.op is None:
+            return text + " waiting for the GPU"
+        text += f" waiting for the GPU, which waited on {self.op} #{self.seq}"
+        if self.collective_step is not None and self.collective_step != self.step:
+            text += f" (step {self.collective_step})"
+        if self.waited_for is not None:
+            text += f" for rank {self.waited_for}"
+            if self.late_on == "gpu":
+                text += " (its GPU reached it last)"
+        else:
+            gpu = f" {_lag(self.collective_gpu_s)}" if self.collective_gpu_s else ""
+            text += f"{gpu} with no rank late to it: the collective itself was slow"
+        return text
+
+
+@dataclass
 class SlowStep:
     step: int
     duration_s: float
@@ -126,12 +172,24 @@ class SlowStep:
     unexplained: str | None = None
     #: the rank that arrived late at the step's collectives, where they were matched
     late_arrival: StepLateness | None = None
+    #: the phase's time is its GPU time (a GPU-side straggler: extra kernels on one rank)
+    on_gpu: bool = False
+    #: where the step's time surfaced on another rank's host (or this rank's, blocked on
+    #: its device), and what its device waited for
+    device_wait: DeviceWait | None = None
 
     @property
     def cause(self) -> str:
+        wait = self.device_wait
+        if self.phase == "device_wait" and wait is not None:
+            text = f"step {self.step}: {wait.sentence}, {self.share:.0%} of step"
+            return text + (f"; not explained: {self.unexplained}" if self.unexplained else "")
         if self.unexplained and not self.segment:  # no phase named by default
-            return f"step {self.step}: not explained: {self.unexplained}"
+            text = f"step {self.step}: not explained: {self.unexplained}"
+            return text + (f"; {wait.sentence}" if wait is not None else "")
         where = self.segment or self.phase.replace("_", " ")
+        if self.on_gpu:
+            where += " on the GPU"
         text = (f"step {self.step}: rank {self.rank} {where} {self.phase_s:.3g} s, "
                 f"{self.share:.0%} of step")
         if self.segment:
@@ -149,6 +207,10 @@ class SlowStep:
         if (late is not None and late.rank == self.rank and late.worst is not None
                 and late.lag_s >= LATE_STEP_SHARE * self.duration_s):
             text += f"; {late.worst.sentence}"
+        if wait is not None and wait.rank != self.rank:
+            text += f"; {wait.sentence}"
+        elif wait is not None:
+            text += f"; it {wait.sentence.split(' ', 2)[2]}"
         if self.unexplained:
             text += f"; not explained: {self.unexplained}"
         return text

@@ -50,6 +50,12 @@ COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COU
 
 #: the rank_step attribute of each timed phase, in ``PHASES`` order (``UNTIMED`` is last)
 _PHASE_TOTALS = tuple(sc.ATTR_PHASE_TOTAL_PREFIX + p for p in PHASES if p != UNTIMED)
+#: the parts of untimed time (sources/gaps.py): the host blocked on the device, the host
+#: busy; what is left of it is not explained
+UNTIMED_PARTS = (sc.PHASE_DEVICE_WAIT, sc.PHASE_HOST_BUSY)
+NOT_EXPLAINED = "not_explained"
+#: phases whose GPU time a GPU run records on its rank steps (sources/gpu/cuda_timing.py)
+GPU_PHASES = (sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHASE_OPTIMIZER)
 
 
 def _sum(values: array) -> float:
@@ -71,6 +77,14 @@ class Gap:
     file: str | None = None
     line: int | None = None
     worker: int | None = None
+    #: when it began (epoch ns), and the seconds of it the host was blocked on the device
+    start_ns: int = 0
+    device_wait_s: float = 0.0
+
+    @property
+    def host_s(self) -> float:
+        """The seconds of it the host was not blocked on the device."""
+        return self.seconds - self.device_wait_s
 
     @property
     def location(self) -> str | None:
@@ -95,7 +109,9 @@ class Gap:
                    float(attrs.get(sc.ATTR_GAP_DURATION, 0.0)),
                    int(attrs.get(sc.ATTR_GAP_SAMPLES, 0)), attrs.get(sc.ATTR_CODE_FUNCTION),
                    attrs.get(sc.ATTR_CODE_FILE), int(line) if line is not None else None,
-                   int(worker) if worker is not None else None)
+                   int(worker) if worker is not None else None,
+                   int(event.get("timeUnixNano", 0)),
+                   float(attrs.get(sc.ATTR_GAP_DEVICE_WAIT, 0.0)))
 
 
 @dataclass
@@ -110,6 +126,12 @@ class StepTable:
     throttled: array = field(default_factory=lambda: array("d"))
     #: row -> its gap and data-wait events (only rows that have some)
     gaps: dict[int, list[Gap]] = field(default_factory=dict)
+    #: the untimed time's parts (``UNTIMED_PARTS``), 0 where not recorded
+    untimed_parts: dict[str, array] = field(
+        default_factory=lambda: {p: array("d") for p in UNTIMED_PARTS})
+    #: GPU time of each of ``GPU_PHASES``, 0 where not recorded (CPU runs)
+    gpu_phases: dict[str, array] = field(
+        default_factory=lambda: {p: array("d") for p in GPU_PHASES})
 
     def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float,
             events: list[dict[str, Any]] | None = None) -> None:
@@ -132,6 +154,10 @@ class StepTable:
         # below a millisecond it is clock noise, not work nobody timed
         untimed = duration - timed
         self.phases[UNTIMED].append(untimed if untimed > 1e-3 else 0.0)
+        for part, column in self.untimed_parts.items():
+            column.append(float(attrs.get(sc.ATTR_PHASE_TOTAL_PREFIX + part, 0.0)))
+        for phase, column in self.gpu_phases.items():
+            column.append(float(attrs.get(sc.ATTR_PHASE_GPU_TOTAL_PREFIX + phase, 0.0)))
 
     def extend(self, other: StepTable) -> None:
         base = len(self.steps)
@@ -140,8 +166,24 @@ class StepTable:
         self.steps.extend(other.steps)
         self.ranks.extend(other.ranks)
         self.durations.extend(other.durations)
-        for phase, column in self.phases.items():
-            column.extend(other.phases[phase])
+        for mine, theirs in ((self.phases, other.phases),
+                             (self.untimed_parts, other.untimed_parts),
+                             (self.gpu_phases, other.gpu_phases)):
+            for name, column in mine.items():
+                column.extend(theirs[name])
+
+    def pad(self) -> StepTable:
+        """Zeros for the untimed parts and GPU times of rows added without them (tables
+        built column by column)."""
+        for columns in (self.untimed_parts, self.gpu_phases):
+            for column in columns.values():
+                column.extend([0.0] * (len(self.steps) - len(column)))
+        return self
+
+    def not_explained(self, row: int) -> float:
+        """The row's untimed seconds that neither of its parts holds."""
+        held = sum(column[row] for column in self.untimed_parts.values())
+        return max(self.phases[UNTIMED][row] - held, 0.0)
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -261,7 +303,7 @@ class TraceDigest:
         elif name == sc.SPAN_COLLECTIVE:
             op = str(attribute(attrs, sc.ATTR_COLLECTIVE_OP, "unknown"))
             self.collectives.setdefault(op, CollectiveTally()).add(attrs, duration_s)
-            self.arrivals.add(attrs, resource, op, start_ns)
+            self.arrivals.add(attrs, resource, op, start_ns, end_ns)
         elif name == sc.SPAN_COMPILE:
             self.compiles.add(attrs, duration_s)
         elif name == sc.SPAN_RUN:

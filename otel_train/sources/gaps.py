@@ -34,6 +34,7 @@ from collections import Counter
 from typing import Any
 
 from otel_train import internal_errors, semconv, torch_compat
+from otel_train.sources.gpu.device import training_device
 
 #: a stretch outside every phase, or a data wait, at least this long becomes an event
 MIN_GAP_S = 0.01
@@ -47,6 +48,9 @@ MAX_SAMPLES = 4096
 #: stretch is sampled once it is older than the fast interval
 FAST_FACTOR = 4
 DATA_WAIT = semconv.PHASE_DATA_WAIT
+#: a phase's host end and the stretch after it are one instant; their clocks' readings may
+#: differ by this much
+_SAME_INSTANT_NS = 1_000_000
 
 _now = time.perf_counter_ns
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -121,6 +125,10 @@ class GapSource:
             collections.deque(maxlen=MAX_SAMPLES))
         self._last_phase: str | None = None  # the previous step's last phase
         self._kinds: dict[Any, int] = {_dataloader_next_code(): OWN}
+        # a run on a GPU with its phases GPU-timed: a stretch is split into the part the
+        # host was blocked on the device and the part it was busy (else all of it is busy)
+        self._on_device = bool(ctx.config.cuda_timing) and training_device(ctx.model) is not None
+        self._gpu_ends: list[tuple[int, int]] | None = []  # the previous step's
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         ctx.emitter.before_step(self._on_step)
@@ -182,13 +190,18 @@ class GapSource:
         start, end = info.start_ns - offset, info.end_ns - offset  # perf_counter ns
         gaps, waits = self._segments(info.phase_intervals, start, end)
         samples = self._take_samples(end)
+        blocked = self._device_waits(info, gaps, offset)
+        self._split_totals(info, gaps, blocked)
         if not gaps and not waits:
             return
         events = info.events
-        for after, before, g_start, g_end in sorted(gaps, key=lambda g: g[2] - g[3])[:MAX_EVENTS]:
+        ordered = sorted(zip(gaps, blocked), key=lambda g: g[0][2] - g[0][3])
+        for (after, before, g_start, g_end), waited in ordered[:MAX_EVENTS]:
             attrs = {semconv.ATTR_GAP_SEGMENT: segment_name(after, before),
                      semconv.ATTR_GAP_AFTER: after or "", semconv.ATTR_GAP_BEFORE: before or "",
                      semconv.ATTR_GAP_DURATION: (g_end - g_start) / 1e9}
+            if waited is not None and self._on_device:
+                attrs[semconv.ATTR_GAP_DEVICE_WAIT] = waited / 1e9
             _where(attrs, [s for s in samples if g_start <= s[0] <= g_end])
             events.append((semconv.EVENT_GAP, g_start + offset, attrs))
         for w_start, w_end in sorted(waits, key=lambda w: w[0] - w[1])[:MAX_EVENTS]:
@@ -199,6 +212,51 @@ class GapSource:
                 attrs[semconv.ATTR_DATA_WORKER] = workers.most_common(1)[0][0]
             _where(attrs, inside)
             events.append((semconv.EVENT_DATA_WAIT, w_start + offset, attrs))
+
+    def _device_waits(self, info: Any, gaps: list[tuple[str | None, str | None, int, int]],
+                      offset: int) -> list[int | None]:
+        """Per stretch, the ns of it the host was blocked on the device, or None where that
+        is not known (the GPU times of this step or the one before are missing).
+
+        A stretch [a, b] follows phases whose GPU work may still be running: the GPU ends
+        ``X`` of the latest phase the host ended by ``a`` (cuda_timing's events, on the wall
+        clock). Everything issued before ``a`` runs without waiting for the host, so the
+        GPU was busy with it until ``X``; a host that resumes only then was blocked on it
+        (a pageable copy, ``.item()``, a tensor of a collective the GPU still waits in). The
+        host's own work in the stretch is what lies after ``X``. A host that computes while
+        the GPU is behind is counted as blocked: that time does not lengthen the step."""
+        if not self._on_device:
+            return [0] * len(gaps)
+        earlier, self._gpu_ends = self._gpu_ends, info.gpu_ends
+        if info.gpu_ends is None:
+            return [None] * len(gaps)
+        ends = (earlier or []) + info.gpu_ends
+        out: list[int | None] = []
+        k = -1
+        for _, _, g_start, g_end in gaps:  # in time order, as the phases are
+            a = g_start + offset
+            while k + 1 < len(ends) and ends[k + 1][0] <= a + _SAME_INSTANT_NS:
+                k += 1
+            if k < 0:  # no GPU work before it in this step or the last one known
+                out.append(0 if earlier is not None else None)
+                continue
+            out.append(min(max(ends[k][1] - a, 0), g_end - g_start))
+        return out
+
+    def _split_totals(self, info: Any, gaps: list[tuple[str | None, str | None, int, int]],
+                      blocked: list[int | None]) -> None:
+        """The step's time outside the phases, split: blocked on the device, busy on the
+        host (each stretch of at least ``MIN_GAP_S``); shorter stretches and those whose
+        device time is not known stay unexplained."""
+        device = busy = 0
+        for (_, _, g_start, g_end), waited in zip(gaps, blocked):
+            if waited is not None:
+                device += waited
+                busy += g_end - g_start - waited
+        totals = info.phase_totals
+        if self._on_device:
+            totals[semconv.PHASE_DEVICE_WAIT] = device / 1e9
+        totals[semconv.PHASE_HOST_BUSY] = busy / 1e9
 
     def _segments(self, intervals: list[tuple[str, int, int, int]], start: int, end: int
                   ) -> tuple[list[tuple[str | None, str | None, int, int]],

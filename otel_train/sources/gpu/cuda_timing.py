@@ -262,6 +262,10 @@ class CudaTimingSource:
         for phase, seconds in totals.items():
             info.extra_attributes[semconv.ATTR_PHASE_GPU_TOTAL_PREFIX + phase] = seconds
             self.hist.record(seconds, {**attrs, semconv.ATTR_PHASE: phase}, context=ctx)
+        # when the GPU finished each phase's work, beside when the host ended the phase:
+        # how long the host's next stretch outside the phases waited for it (sources/gaps.py)
+        info.gpu_ends = [(int(h_end), int(g_end + offset))
+                         for _, _, _, g_end, _, h_end in times]
         info.extra_attributes[semconv.ATTR_STEP_GPU_DURATION] = (
             max(t[3] for t in times) - min(t[2] for t in times)) / 1e9
         info.extra_attributes[semconv.ATTR_GPU_LAG] = max(
