@@ -1,0 +1,139 @@
+"""A user's DDP training script on NCCL with one fault injected, for the multi-rank NCCL tests
+(tests/gpu/test_nccl_attribution.py) and the 8-rank proof (bench/multigpu/nccl_faults.py).
+
+Written as users write theirs: a DataLoader with workers, the batch copied to the GPU at the
+top of the loop (a pageable copy: where a host waiting for its GPU blocks), the model under
+DDP, ``otel_train.instrument`` around the loop with default settings. Several ranks share GPU
+0 (docs/multigpu.md): each rank gets its own ``NCCL_HOSTID`` before its process group exists.
+
+    NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_PROFILER_PLUGIN=$(otel-train nccl-plugin) \\
+    FAULT=hang FAULT_RANK=1 FAULT_STEPS=6 OTEL_TRAIN_OUTPUT_DIR=runs \\
+    torchrun --standalone --nproc-per-node 2 tests/gpu/nccl_faults_train.py
+
+FAULT: ``none``; ``hang`` (the rank sleeps ``HANG_S`` before its backward); ``cpu`` (0.4 s of
+host work between forward and backward); ``gpu`` (extra matmuls inside the model's forward on
+that rank's GPU); ``data`` (its dataset stalls ``DATA_STALL_S`` on the step's batch, longer
+than the loader's prefetch covers). Each fault's line carries a ``# FAULT:`` comment, which
+the tests look up to check the line the report names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("NCCL_HOSTID", f"otel-train-rank-{os.environ.get('RANK', '0')}")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+from torch.utils.data import DataLoader, Dataset  # noqa: E402
+
+import otel_train  # noqa: E402
+
+FAULT = os.environ.get("FAULT", "none")
+FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
+FAULT_STEPS = {int(s) for s in os.environ.get("FAULT_STEPS", "6").split(",") if s}
+STEPS = int(os.environ.get("STEPS", "14"))
+HANG_S = float(os.environ.get("HANG_S", "4"))
+HEAVY_S = float(os.environ.get("HEAVY_S", "0.4"))
+DATA_STALL_S = float(os.environ.get("DATA_STALL_S", "2.5"))
+WIDTH, BATCH = 1024, 64
+#: where each rank writes otel-train's threads' CPU over the run's steady steps (for the
+#: scaling figures, bench/multigpu/nccl_faults.py); unset: nothing measured
+COST_OUT = os.environ.get("COST_OUT")
+
+
+def heavy(seconds: float) -> float:
+    """Host work a user left in the loop: a metric computed in Python."""
+    total, end = 0.0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        total += sum(i * 0.5 for i in range(200))
+    return total
+
+
+class Samples(Dataset):
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    def __len__(self) -> int:
+        return STEPS * BATCH
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if (FAULT == "data" and self.rank == FAULT_RANK and index % BATCH == 0
+                and index // BATCH in FAULT_STEPS):
+            time.sleep(DATA_STALL_S)  # FAULT: data
+        g = torch.Generator().manual_seed(index)
+        return torch.randn(WIDTH, generator=g), torch.randn(1, generator=g)
+
+
+class Model(nn.Module):
+    def __init__(self, rank: int) -> None:
+        super().__init__()
+        self.rank, self.step = rank, 0
+        self.body = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.GELU(), nn.Linear(WIDTH, WIDTH),
+                                  nn.GELU(), nn.Linear(WIDTH, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if FAULT == "gpu" and self.rank == FAULT_RANK and self.step in FAULT_STEPS:
+            a = torch.randn(4096, 4096, device=x.device)
+            for _ in range(60):  # FAULT: gpu
+                a = torch.tanh(a @ a)
+            x = x + a[: x.shape[0], : x.shape[1]].sum() * 0
+        return self.body(x)
+
+
+def otel_threads_cpu_s() -> float:
+    """CPU seconds of otel-train's threads in this process so far (schedstat: ns on CPU)."""
+    total = 0.0
+    for thread in threading.enumerate():
+        if thread.name.startswith("otel-train") and thread.native_id:
+            try:
+                stat = Path(f"/proc/self/task/{thread.native_id}/schedstat").read_text()
+            except OSError:  # it ended meanwhile
+                continue
+            total += int(stat.split()[0]) / 1e9
+    return total
+
+
+def main() -> None:
+    dist.init_process_group("nccl")
+    rank = dist.get_rank()
+    torch.cuda.set_device(0)
+    device = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    inner = Model(rank).to(device)
+    model = DDP(inner)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    loader = DataLoader(Samples(rank), batch_size=BATCH, num_workers=2, prefetch_factor=2)
+    marks: list[tuple[float, float, int]] = []
+    with otel_train.instrument(model, optimizer=opt, dataloader=loader):
+        for step, (x, y) in enumerate(loader):
+            inner.step = step
+            x, y = x.to(device), y.to(device)  # the copy: where a waiting host blocks
+            loss = nn.functional.mse_loss(model(x), y)
+            if FAULT == "cpu" and rank == FAULT_RANK and step in FAULT_STEPS:
+                heavy(HEAVY_S)  # FAULT: cpu
+            if FAULT == "hang" and rank == FAULT_RANK and step in FAULT_STEPS:
+                time.sleep(HANG_S)  # FAULT: hang
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if COST_OUT and step in (2, STEPS - 1):
+                torch.cuda.synchronize()  # the measurement's edges, not the training's
+                marks.append((time.perf_counter(), otel_threads_cpu_s(), step))
+    if COST_OUT:
+        (t0, c0, s0), (t1, c1, s1) = marks
+        Path(COST_OUT).mkdir(parents=True, exist_ok=True)
+        Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
+            "rank": rank, "world": dist.get_world_size(), "steps": s1 - s0,
+            "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0}))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
