@@ -210,7 +210,7 @@ class _Blame:
             target = wait.collective_step if wait.collective_step is not None else step
             found = None
         if found is None:
-            duration = self.durations.get(target, self.durations[step])
+            duration = max(self.durations.get(target, self.durations[step]), wait.seconds)
             slow = SlowStep(target, duration, wait.rank, DEVICE_WAIT, wait.seconds,
                             wait.seconds / duration if duration else 0.0, device_wait=wait)
             if wait.op is None:
@@ -242,8 +242,8 @@ class _Blame:
         if held is None:
             return wait
         row, overlap_s = held
-        wait.op, wait.seq, wait.collective_step, wait.collective_gpu_s = (
-            self.collectives.describe(row))
+        (wait.op, wait.seq, wait.collective_step, wait.collective_gpu_s,
+         wait.collective_typical_s) = self.collectives.describe(row)
         late = self.collectives.waited_for(row, overlap_s)
         if late is not None:
             wait.waited_for, wait.late_on = late
@@ -369,8 +369,11 @@ def _waited_in_collectives(rank: int, excess: float, seconds: dict[int, float]) 
 
 
 def busy_s(table: StepTable, index: int) -> float:
-    """A rank's own work in a step: the step less the time it waited for the others."""
-    return table.durations[index] - table.phases[sc.PHASE_EXPOSED_COMM][index]
+    """A rank's own work in a step: the step less the time it waited for the others, on
+    the host (exposed communication) or blocked on its device (on NCCL, where a rank
+    that waits for another does so on the GPU)."""
+    return (table.durations[index] - table.phases[sc.PHASE_EXPOSED_COMM][index]
+            - table.untimed_parts[DEVICE_WAIT][index])
 
 
 def collective_wait_shares(collective_s: dict[int, float], steps: dict[int, int],
@@ -406,6 +409,7 @@ def straggler(table: StepTable, by_rank: dict[int, list[int]],
     out = Straggler()
     if len(by_rank) < 2:
         return out
+    table.pad()
     if wait_shares:
         out.wait_rank = max(wait_shares, key=lambda r: wait_shares[r])
         out.wait_share = wait_shares[out.wait_rank]

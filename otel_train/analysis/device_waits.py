@@ -37,6 +37,7 @@ class GpuIntervals:
         self._ends = {r: [rows.ends[i] for i in ix] for r, ix in self._order.items()}
         self._longest = {r: max((rows.ends[i] - self.start_ns(i) for i in ix), default=0)
                          for r, ix in self._order.items()}
+        self._typical_s: dict[tuple[int, int], float | None] = {}
 
     def start_ns(self, row: int) -> int:
         """The collective's GPU start: its end less its GPU time, else its host issue."""
@@ -82,9 +83,19 @@ class GpuIntervals:
             return last, GPU
         return None
 
-    def describe(self, row: int) -> tuple[str, int, int, float | None]:
-        """(op, seq, step, GPU seconds) of a row's collective."""
+    def describe(self, row: int) -> tuple[str, int, int, float | None, float | None]:
+        """(op, seq, step, GPU seconds, the op's median GPU seconds on that rank) of a
+        row's collective."""
         rows = self.rows
         gpu_s = rows.gpu_s[row]
         return (rows.names[rows.ops[row]], rows.seqs[row], rows.steps[row],
-                gpu_s if gpu_s >= 0 else None)
+                gpu_s if gpu_s >= 0 else None, self._typical(rows.ranks[row], rows.ops[row]))
+
+    def _typical(self, rank: int, op: int) -> float | None:
+        key = (rank, op)
+        if key not in self._typical_s:
+            rows = self.rows
+            times = sorted(rows.gpu_s[i] for i in self._order.get(rank, ())
+                           if rows.ops[i] == op and rows.gpu_s[i] >= 0)
+            self._typical_s[key] = times[len(times) // 2] if times else None
+        return self._typical_s[key]

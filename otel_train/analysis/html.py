@@ -9,9 +9,11 @@ from otel_train.analysis import svg
 from otel_train.analysis.report_model import Report
 from otel_train.analysis.terminal import (
     arrival_lines,
+    column_s,
     fmt_bytes,
     fmt_s,
     late_rows,
+    phase_columns,
     straggler_lines,
 )
 
@@ -48,6 +50,7 @@ def render_html(report: Report) -> str:
                   svg.gantt(timeline)]
     parts += ["<h2>Step time per rank</h2>", svg.distributions(report),
               "<h2>Mean phase time per rank</h2>", svg.phase_shares(report),
+              _untimed_split(report),
               "<h2>Breakdown over time</h2>", svg.over_time(report),
               "<h2>Collectives</h2>", _collectives(report), _late_table(report),
               "<h2>Memory, overlap and CPU throttling</h2>", _resources(report)]
@@ -96,6 +99,21 @@ def _slow_table(report: Report) -> str:
     return _table(["cause", "step", "duration", "rank"],
                   [[s.cause, str(s.step), fmt_s(s.duration_s), str(s.rank)]
                    for s in report.slow_steps], left=1)
+
+
+def _untimed_split(report: Report) -> str:
+    """Untimed time's parts per rank, where the run records them (sources/gaps.py)."""
+    columns = [c for c in phase_columns(report) if c[1] == "split"]
+    if not columns:
+        return ""
+    rows = []
+    for row in report.rank_rows:
+        step_mean = sum(row.phase_mean_s.values()) or 1.0
+        rows.append([str(row.rank)] + [
+            f"{fmt_s(column_s(row, kind, key))} ({column_s(row, kind, key) / step_mean:.0%})"
+            for _, kind, key in columns])
+    return ("<h3>Untimed time: blocked on the device, busy on the host, not explained</h3>"
+            + _table(["rank"] + [header for header, _, _ in columns], rows))
 
 
 def _collectives(report: Report) -> str:

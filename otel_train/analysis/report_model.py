@@ -27,6 +27,9 @@ class RankBreakdown:
 #: turns being late by up to 17% of a 50 ms step, while a rank sleeping before its forward
 #: is late by 70-85% of its step
 LATE_STEP_SHARE = 0.25
+#: a collective no rank was late to was slow itself when its GPU time was this many times
+#: its op's median on that rank
+SLOW_COLLECTIVE_RATIO = 2.0
 
 
 @dataclass
@@ -126,6 +129,8 @@ class DeviceWait:
     seq: int | None = None
     collective_step: int | None = None
     collective_gpu_s: float | None = None
+    #: the median GPU time of that op on that rank over the run
+    collective_typical_s: float | None = None
     #: the rank it waited for, and how that rank was late: "host" (issued the collective
     #: last), "gpu" (its GPU reached it last) or "own" (the device ran this rank's own work)
     waited_for: int | None = None
@@ -139,16 +144,22 @@ class DeviceWait:
             return text + " waiting for its own GPU work"
         if self.op is None:
             return text + " waiting for the GPU"
-        text += f" waiting for the GPU, which waited on {self.op} #{self.seq}"
+        verb = "waited on" if self.waited_for is not None else "was running"
+        text += f" waiting for the GPU, which {verb} {self.op} #{self.seq}"
         if self.collective_step is not None and self.collective_step != self.step:
             text += f" (step {self.collective_step})"
         if self.waited_for is not None:
             text += f" for rank {self.waited_for}"
             if self.late_on == "gpu":
                 text += " (its GPU reached it last)"
-        else:
-            gpu = f" {_lag(self.collective_gpu_s)}" if self.collective_gpu_s else ""
-            text += f"{gpu} with no rank late to it: the collective itself was slow"
+        elif self.collective_gpu_s is not None:
+            text += f", {_lag(self.collective_gpu_s)} on the GPU"
+            typical = self.collective_typical_s
+            if typical and self.collective_gpu_s >= SLOW_COLLECTIVE_RATIO * typical:
+                text += (f" against a typical {_lag(typical)}, with no rank late to it: the "
+                         "collective itself was slow")
+            else:
+                text += " (as usual), with no rank late to it"
         return text
 
 

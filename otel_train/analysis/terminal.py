@@ -18,7 +18,8 @@ from rich.table import Table
 from rich.text import Text
 
 from otel_train.analysis.arrivals import LATE_STEP_SHARE
-from otel_train.analysis.report_model import Report
+from otel_train.analysis.report_model import RankBreakdown, Report
+from otel_train.analysis.traces import NOT_EXPLAINED, UNTIMED, UNTIMED_PARTS
 
 #: what rich draws where a header or cell did not fit its column
 CUT_MARK = "…"
@@ -147,10 +148,35 @@ def _phase_share_table(report: Report) -> Table:
     return _per_rank_table(report, PHASE_TITLE, times=False, phases=True)
 
 
+#: the parts of untimed time, as the per-rank tables name them
+SPLIT_LABELS = {"device_wait": "blocked on device", "host_busy": "host busy",
+                NOT_EXPLAINED: "not explained"}
+
+
+def phase_columns(report: Report) -> list[tuple[str, str, str]]:
+    """(header, "phase" or "split", key) of the per-rank tables' phase columns: untimed time
+    shown as its parts (blocked on the device, host busy, not explained) once a run records
+    them (sources/gaps.py), else whole."""
+    split = any(row.untimed_split_s.get(part, 0.0) > 0 for row in report.rank_rows
+                for part in UNTIMED_PARTS)
+    columns = []
+    for phase in report.phases:
+        if phase == UNTIMED and split:
+            columns += [(label, "split", key) for key, label in SPLIT_LABELS.items()]
+        else:
+            columns.append((phase.replace("_", " "), "phase", phase))
+    return columns
+
+
+def column_s(row: RankBreakdown, kind: str, key: str) -> float:
+    return (row.untimed_split_s if kind == "split" else row.phase_mean_s).get(key, 0.0)
+
+
 def _per_rank_table(report: Report, title: str, times: bool, phases: bool) -> Table:
     table = Table(title=title)
+    columns = phase_columns(report) if phases else []
     headers = ["rank"] + (["steps", "median", "p95", "max"] if times else [])
-    headers += [phase.replace("_", " ") for phase in report.phases] if phases else []
+    headers += [header for header, _, _ in columns]
     for header in headers:
         table.add_column(header, justify="right")
     for row in report.rank_rows:
@@ -159,8 +185,8 @@ def _per_rank_table(report: Report, title: str, times: bool, phases: bool) -> Ta
             cells += [str(row.steps), fmt_s(row.median_s), fmt_s(row.p95_s), fmt_s(row.max_s)]
         if phases:
             step_mean = sum(row.phase_mean_s.values()) or 1.0
-            cells += [f"{row.phase_mean_s[p] * 1e3:.1f} {row.phase_mean_s[p] / step_mean:.0%}"
-                      for p in report.phases]
+            cells += [f"{column_s(row, kind, key) * 1e3:.1f} "
+                      f"{column_s(row, kind, key) / step_mean:.0%}" for _, kind, key in columns]
         style = "bold red" if row.rank == report.straggler else None
         table.add_row(*cells, style=style)
     return table

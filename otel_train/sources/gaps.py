@@ -230,18 +230,8 @@ class GapSource:
         earlier, self._gpu_ends = self._gpu_ends, info.gpu_ends
         if info.gpu_ends is None:
             return [None] * len(gaps)
-        ends = (earlier or []) + info.gpu_ends
-        out: list[int | None] = []
-        k = -1
-        for _, _, g_start, g_end in gaps:  # in time order, as the phases are
-            a = g_start + offset
-            while k + 1 < len(ends) and ends[k + 1][0] <= a + _SAME_INSTANT_NS:
-                k += 1
-            if k < 0:  # no GPU work before it in this step or the last one known
-                out.append(0 if earlier is not None else None)
-                continue
-            out.append(min(max(ends[k][1] - a, 0), g_end - g_start))
-        return out
+        return blocked_ns([(a + offset, b + offset) for _, _, a, b in gaps],
+                          (earlier or []) + info.gpu_ends, earlier is not None)
 
     def _split_totals(self, info: Any, gaps: list[tuple[str | None, str | None, int, int]],
                       blocked: list[int | None]) -> None:
@@ -287,6 +277,25 @@ class GapSource:
         while samples and samples[0][0] <= end:
             out.append(samples.popleft())
         return out
+
+
+def blocked_ns(stretches: list[tuple[int, int]], ends: list[tuple[int, int]],
+               earlier_known: bool) -> list[int | None]:
+    """Per stretch [a, b] (wall ns, in time order), the ns the host was blocked on the
+    device: until the GPU end of the latest phase whose host end is at or before ``a``
+    (``ends``: (host end, GPU end) of GPU-timed phases, in order), at most the stretch.
+    A stretch with no such phase before it is not blocked when the step before was known
+    (``earlier_known``: nothing was queued), else not known (None)."""
+    out: list[int | None] = []
+    k = -1
+    for a, b in stretches:
+        while k + 1 < len(ends) and ends[k + 1][0] <= a + _SAME_INSTANT_NS:
+            k += 1
+        if k < 0:
+            out.append(0 if earlier_known else None)
+        else:
+            out.append(min(max(ends[k][1] - a, 0), b - a))
+    return out
 
 
 def _where(attrs: dict[str, Any], samples: list[tuple[int, tuple[Frame, ...], int | None]]
