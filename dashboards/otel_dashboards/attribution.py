@@ -102,6 +102,45 @@ def _breakdown(board: dash.Dashboard) -> None:
             log_scale=True,
         )
     )
+    phase_s = names.PHASE_DURATION + "_sum"
+    step_s = names.STEP + "_sum"
+    per_rank_step = f"sum by ({names.RANK}) ({kit.rate(step_s, s)})"
+    blocked = kit.sel(f'{names.PHASE}="device_wait"')
+    busy = kit.sel(f'{names.PHASE}="host_busy"')
+    board.with_panel(
+        kit.series(
+            "Untimed time per rank: host blocked on the device, host busy, not explained",
+            "The time outside every phase, split (training_phase device_wait and host_busy): "
+            "blocked on the device is a host waiting for its GPU, which was still running "
+            "earlier work (on NCCL, a collective waiting for a late rank; the report names "
+            "that rank and its line), host busy is user code while the device had caught up "
+            "(its line is in the rank_step span's training.gap events), not explained is the "
+            "rest of the step that no phase or part holds. A rank whose host-busy band rises "
+            "while the others' blocked band rises with it is the straggler.",
+            [
+                kit.prom(
+                    f"sum by ({names.RANK}) ({kit.rate(phase_s, blocked)})"
+                    f" / {per_rank_step}",
+                    "rank {{" + names.RANK + "}} blocked on device",
+                    "A",
+                ),
+                kit.prom(
+                    f"sum by ({names.RANK}) ({kit.rate(phase_s, busy)})"
+                    f" / {per_rank_step}",
+                    "rank {{" + names.RANK + "}} host busy",
+                    "B",
+                ),
+                kit.prom(
+                    f"clamp_min(1 - sum by ({names.RANK}) ({kit.rate(phase_s, s)})"
+                    f" / {per_rank_step}, 0)",
+                    "rank {{" + names.RANK + "}} not explained",
+                    "C",
+                ),
+            ],
+            unit="percentunit",
+            width=24,
+        )
+    )
     board.with_panel(
         kit.series(
             "CPU throttling: share of each rank's step time (a cause, not a phase)",
