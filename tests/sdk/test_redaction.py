@@ -15,13 +15,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import string
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import otlp_files, training
@@ -268,3 +273,124 @@ def test_nothing_secret_in_any_exported_byte(tmp_path) -> None:
     assert any(r["body"]["stringValue"] == "pad token: 50256" for r in records)
     run = next(sp for sp in otlp_files.spans(run_dir) if sp["name"] == "train.run")
     assert "giving up on password=[REDACTED]" in json.dumps(run)  # scrubbed, not dropped
+
+
+# --- end to end, fuzzed ------------------------------------------------------------------
+
+SECRET_ENV_NAMES = ["HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "GITHUB_TOKEN",
+                    "OPENAI_API_KEY", "DB_PASSWORD", "MY_SERVICE_SECRET", "CI_JOB_TOKEN"]
+FIELD_KEYS = ML_KEYS + TOKENIZER_KEYS
+_ALNUM = string.ascii_letters + string.digits
+#: credential shapes in free text and the strategy of the secret part each one holds
+_SHAPE_SECRETS = {
+    "Bearer {s}": st.text(_ALNUM, min_size=8, max_size=30),
+    "password={s}": st.text(_ALNUM + "!#%", min_size=6, max_size=30),
+    "https://user:{s}@host:5432/db": st.text(_ALNUM, min_size=6, max_size=30),
+    "'api_key': '{s}'": st.text(_ALNUM, min_size=6, max_size=30),
+    "ghp_{s}": st.text(_ALNUM, min_size=35, max_size=35).map(lambda s: s + "7"),
+    "hf_{s}": st.text(_ALNUM, min_size=33, max_size=33).map(lambda s: s + "4"),
+    "sk-proj-{s}": st.text(_ALNUM + "_-", min_size=40, max_size=60).map(lambda s: s + "2"),
+    "sk-{s}": st.text(_ALNUM, min_size=47, max_size=47).map(lambda s: s + "9"),
+    "AKIA{s}": st.text(string.ascii_uppercase + string.digits, min_size=14, max_size=14),
+    "eyJhbGciOiJIUzI1NiJ9.eyJ{s}.c2lnbmF0dXJlc2ln": st.text(_ALNUM, min_size=8, max_size=40),
+    "-----BEGIN PRIVATE KEY-----\n{s}\n-----END PRIVATE KEY-----": st.text(
+        _ALNUM + "+/", min_size=16, max_size=64),
+}
+words = st.text(string.ascii_letters + " .,:", max_size=16)
+
+
+@st.composite
+def fuzzed_run(draw: st.DrawFn) -> tuple[dict[str, str], list[tuple[str, Any]], str | None,
+                                         list[str]]:
+    """Secret environment values, the log calls of a run and the text its ``with`` block
+    raises (or None), and every secret planted in them."""
+    env = {name: "Zq" + draw(st.text(_ALNUM + "/+", min_size=4, max_size=40))
+           for name in draw(st.lists(st.sampled_from(SECRET_ENV_NAMES), min_size=1,
+                                     max_size=4, unique=True))}
+    planted_secrets = list(env.values())
+
+    def secret_text() -> str:
+        """Free text holding a secret value, glued to its words, or a shape, spaced."""
+        if draw(st.booleans()):
+            return f"{draw(words)}{draw(st.sampled_from(sorted(env.values())))}{draw(words)}"
+        shape = draw(st.sampled_from(sorted(_SHAPE_SECRETS)))
+        s = "Zq" + draw(_SHAPE_SECRETS[shape]) if not shape.startswith("AKIA") else \
+            "ZQ" + draw(_SHAPE_SECRETS[shape])
+        planted_secrets.append(s)
+        return f"{draw(words)} {shape.format(s=s)} {draw(words)}"
+
+    def node(depth: int) -> Any:
+        kind = draw(st.integers(0, 4 if depth < 3 else 2))
+        if kind == 0:
+            return draw(st.one_of(st.integers(), st.floats(allow_nan=False), words))
+        if kind == 1:
+            return secret_text()
+        if kind == 2:  # a secret under a credential key
+            s = "Zq" + draw(st.text(_ALNUM, min_size=6, max_size=20))
+            planted_secrets.append(s)
+            return {draw(st.sampled_from(CREDENTIAL_KEYS)): s}
+        if kind == 3:
+            return [node(depth + 1) for _ in range(draw(st.integers(0, 3)))]
+        return {draw(st.sampled_from(FIELD_KEYS)): node(depth + 1)
+                for _ in range(draw(st.integers(0, 3)))}
+
+    calls = [(draw(st.sampled_from(["stdlib", "stdlib_fields", "structlog", "stdlib_exception",
+                                    "structlog_exception", "structlog_exc_info"])),
+              (secret_text(), node(0), secret_text() if draw(st.booleans()) else None))
+             for _ in range(draw(st.integers(1, 6)))]
+    raised = secret_text() if draw(st.booleans()) else None
+    return env, calls, raised, planted_secrets
+
+
+def _log(i: int, kind: str, text: str, fields: Any, cause: str | None) -> None:
+    app, slog = logging.getLogger("app"), structlog.get_logger("app")
+    if kind == "stdlib":
+        app.warning("case %d: %s", i, text, extra={"case": i})
+    elif kind == "stdlib_fields":
+        app.warning("case %d", i, extra={"case": i, "ctx": fields})
+    elif kind == "structlog":
+        slog.warning(f"case {i}: {text}", case=i, ctx=fields)
+    else:
+        try:
+            try:
+                raise ValueError(cause or "no cause")
+            except ValueError as err:
+                if cause is None:
+                    raise ConnectionError(text) from None
+                raise ConnectionError(text) from err
+        except ConnectionError as err:
+            if kind == "stdlib_exception":
+                app.exception("case %d", i, extra={"case": i})
+            elif kind == "structlog_exception":
+                slog.exception(f"case {i}", case=i, ctx=fields)
+            else:
+                slog.error(f"case {i}", case=i, exc_info=err)
+
+
+@pytest.mark.slow  # a run a case, with its exporter process
+@settings(max_examples=10, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(fuzzed_run())
+def test_no_planted_secret_in_any_exported_byte_of_fuzzed_runs(
+        case: tuple[dict[str, str], list[tuple[str, Any]], str | None, list[str]]) -> None:
+    env, calls, raised, planted_secrets = case
+    model = torch.nn.Linear(2, 2)
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        for name, value in env.items():
+            mp.setenv(name, value)
+        try:
+            with contextlib.suppress(RuntimeError):
+                with otel_train.instrument(model, output_dir=tmp):
+                    for i, (kind, (text, fields, cause)) in enumerate(calls):
+                        _log(i, kind, text, fields, cause)
+                    if raised is not None:
+                        raise RuntimeError(raised)
+        finally:
+            mp.undo()
+            redact.load_env_secrets()  # this process's own environment again
+        exported = b"".join(p.read_bytes() for p in Path(tmp).rglob("*") if p.is_file())
+        for secret in planted_secrets:
+            assert secret.encode() not in exported, secret
+        cases = {r["attrs"].get("case") for r in otlp_files.logs(otlp_files.only_run_dir(
+            Path(tmp)))}
+        assert set(range(len(calls))) <= cases  # every call was exported, scanned
