@@ -111,18 +111,30 @@ def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
     return ask
 
 
-def _attr_value(value: Any) -> Any:
-    if isinstance(value, str):
-        return value[:4096]
+#: the longest text a log attribute carries (characters)
+_MAX_ATTR_CHARS = 4096
+
+
+def _attr_value(value: Any, keep_end: bool = False) -> Any:
+    """A log attribute from a field's redacted value (strings scrubbed already): numbers as
+    they are, anything else as text, at most ``_MAX_ATTR_CHARS`` of it (its end if
+    ``keep_end``: a traceback's says what was raised, and where)."""
     if isinstance(value, (bool, int, float)):
         return value
     if value is None:
         return ""
-    try:
-        text = value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else repr(value)
-    except Exception:  # an object whose repr raises
-        text = f"<unrepresentable {type(value).__name__}>"
-    return text[:4096]
+    if isinstance(value, str):
+        text = value
+    else:
+        try:
+            text = (value.decode("utf-8", "backslashreplace") if isinstance(value, bytes)
+                    else repr(value))
+        except Exception:  # an object whose repr raises
+            text = f"<unrepresentable {type(value).__name__}>"
+        text = redact.scrub(text)  # whole, before the cut: a secret across it would show
+    if len(text) <= _MAX_ATTR_CHARS:
+        return text
+    return "..." + text[3 - _MAX_ATTR_CHARS:] if keep_end else text[:_MAX_ATTR_CHARS]
 
 
 class _Backpressure:
@@ -557,11 +569,11 @@ class Emitter:
     def _otel_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any],
                   trace_id: int, span_id: int) -> None:
         attributes = {}
-        for k, v in redact.redact_mapping(fields).items():  # denied keys, at any depth
+        # denied keys redacted and strings scrubbed at any depth; other values' text scrubbed
+        for k, v in redact.redact_mapping(fields).items():
             if k in ("level", "timestamp"):
                 continue
-            v = _attr_value(v)  # nested values and objects become their repr: scrub it too
-            attributes[k] = redact.scrub(v) if isinstance(v, str) else v
+            attributes[k] = _attr_value(v, keep_end=k == semconv.ATTR_EXCEPTION_STACKTRACE)
         attributes.setdefault(semconv.LOG_RUN_ID, self.ident.run_id)
         attributes.setdefault(semconv.LOG_RANK, self.ident.rank)
         parent = None

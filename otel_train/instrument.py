@@ -18,7 +18,7 @@ import torch
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_train import config as config_mod
-from otel_train import identity, semconv, sources
+from otel_train import identity, redact, semconv, sources
 from otel_train.config import Config, ConfigWarning
 from otel_train.emitter import Emitter
 from otel_train.export.prometheus import PrometheusEndpoint
@@ -175,6 +175,7 @@ class Instrumentation:
         self._t0_perf = time.perf_counter_ns()
         offset = time.time_ns() - time.perf_counter_ns()
         ident = self.identity = identity.resolve(cfg.run_id)
+        redact.load_env_secrets()  # the secret values to mask, read once a run
         if choose_exporter(cfg) == "file":
             self.run_dir = cfg.output_dir / ident.run_id
         self.recorder = Recorder(cfg.queue_size)
@@ -366,7 +367,8 @@ class Instrumentation:
             semconv.SPAN_RUN, run_parent, wall(self._t0_perf), wall(end_perf), attrs,
             span_id=self._run_context.span_id,
             trace_id=0 if run_parent else self._run_context.trace_id,
-            error=(f"{type(exc).__name__}: {exc}"[:1000] if exc is not None
+            # scrubbed before the cut: a secret across it would leave its first part
+            error=(redact.scrub(f"{type(exc).__name__}: {exc}")[:1000] if exc is not None
                    else self._signal_name))
         emitter.span(semconv.SPAN_SETUP, run_ctx, wall(self._t0_perf),
                      wall(self._setup_end_perf),

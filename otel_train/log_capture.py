@@ -12,7 +12,12 @@ on the training thread because otel-train creates spans later, off-thread. Inste
 - structlog gets the same two processors: ``add_ids`` and ``bridge``. When the application
   has not configured structlog, otel-train configures JSON lines on stderr; when it has, the
   two processors are put in front of its renderer. Either way the configuration is restored
-  exactly on exit.
+  exactly on exit;
+- a record's exception (``logger.exception()``, ``exc_info=True``, structlog's
+  ``.exception()``) becomes the OpenTelemetry ``exception.type``, ``exception.message`` and
+  ``exception.stacktrace`` attributes. The traceback is formatted on the calling thread (an
+  exception is rare, and a traceback kept for later would keep its frames alive); the
+  emitter scrubs it like every other field (``otel_train/redact.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import traceback
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 import structlog
@@ -50,6 +57,36 @@ class LogContext:
         return self.tracker.current_ids()
 
 
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
+def exception_fields(exc_info: ExcInfo) -> dict[str, str]:
+    """The OpenTelemetry exception attributes of ``exc_info``: type, message, traceback."""
+    exc_type, exc, tb = exc_info
+    name = exc_type.__qualname__
+    if exc_type.__module__ not in ("builtins", "__main__"):
+        name = f"{exc_type.__module__}.{name}"
+    try:
+        message = str(exc)
+    except Exception:  # an exception whose __str__ raises
+        message = f"<unprintable {exc_type.__name__}>"
+    return {semconv.ATTR_EXCEPTION_TYPE: name, semconv.ATTR_EXCEPTION_MESSAGE: message,
+            semconv.ATTR_EXCEPTION_STACKTRACE: "".join(
+                traceback.format_exception(exc_type, exc, tb)).rstrip("\n")}
+
+
+def _structlog_exc_info(value: Any) -> ExcInfo | None:
+    """structlog's ``exc_info``: True (the exception being handled), an exception or a
+    ``sys.exc_info()`` tuple."""
+    if isinstance(value, BaseException):
+        return type(value), value, value.__traceback__
+    if value is True:
+        value = sys.exc_info()
+    if isinstance(value, tuple) and len(value) == 3 and value[0] is not None:
+        return value  # type: ignore[return-value]
+    return None
+
+
 # --- structlog processors ----------------------------------------------------------------
 
 
@@ -73,7 +110,10 @@ def make_bridge(ctx: LogContext) -> Callable[..., dict[str, Any]]:
     """structlog processor: hand a copy of the event to the emitter (OTel logs)."""
 
     def bridge(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        fields = {k: v for k, v in event.items() if k != "event"}
+        fields = {k: v for k, v in event.items() if k not in ("event", "exc_info")}
+        exc_info = _structlog_exc_info(event.get("exc_info"))
+        if exc_info is not None:
+            fields.update(exception_fields(exc_info))
         ctx.recorder.put((LOG, time.time_ns(), method, str(event.get("event", "")), fields))
         return event
 
@@ -107,8 +147,8 @@ class BridgeHandler(logging.Handler):
                 semconv.LOG_RANK: self.ctx.rank,
                 "logger": record.name,
             })
-            if record.exc_info:
-                fields["exception"] = logging.Formatter().formatException(record.exc_info)
+            if record.exc_info and record.exc_info[0] is not None:
+                fields.update(exception_fields(record.exc_info))
             self.ctx.recorder.put((LOG, int(record.created * 1e9), record.levelname.lower(),
                                    record.getMessage(), fields))
         except Exception:  # a log line must never break training

@@ -175,6 +175,11 @@ LOG_PHASE = "phase"
 LOG_DURATION_MS = "duration_ms"
 #: the fields every log line carries (checked by ``otel-train check``)
 LOG_REQUIRED_FIELDS = (LOG_TRACE_ID, LOG_SPAN_ID, LOG_RUN_ID, LOG_RANK, LOG_STEP)
+#: a log record's exception (OpenTelemetry semantic conventions, exceptions in logs):
+#: ``logger.exception()``, ``exc_info=True``, structlog's ``.exception()``
+ATTR_EXCEPTION_TYPE = "exception.type"
+ATTR_EXCEPTION_MESSAGE = "exception.message"
+ATTR_EXCEPTION_STACKTRACE = "exception.stacktrace"
 
 # --- instrumentation scope ---------------------------------------------------------------
 SCOPE_NAME = "otel_train"

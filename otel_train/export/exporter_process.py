@@ -27,7 +27,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
-from otel_train import semconv
+from otel_train import redact, semconv
 from otel_train.export import collective_rows, remote
 from otel_train.export.providers import Pipeline
 
@@ -200,6 +200,7 @@ def main(fd: int) -> int:
         cfg, ident, run_dir = remote.recv_message(sock)
     except (EOFError, OSError):
         return 0
+    redact.load_env_secrets()  # the training process's environment, so its secrets
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pipeline = Pipeline(cfg, ident, run_dir)
