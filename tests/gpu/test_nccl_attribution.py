@@ -57,7 +57,11 @@ def nccl_env(out: Path, fault: str, fault_rank: int, steps: str, **extra: str) -
         "FAULT": fault, "FAULT_RANK": str(fault_rank), "FAULT_STEPS": steps,
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
     })
-    env.update(extra)
+    for key, value in extra.items():  # "" unsets
+        if value:
+            env[key] = value
+        else:
+            env.pop(key, None)
     return env
 
 
@@ -138,4 +142,18 @@ def test_a_data_stall_is_blamed_on_the_rank_whose_loader_stalled(tmp_path, world
     slow = the_step(report, 8)
     assert (slow["rank"], slow["phase"]) == (world - 1, "data_wait"), slow["cause"]
     assert slow["worker"] is not None or slow["location"], slow["cause"]
+    assert_little_is_not_explained(report)
+
+
+def test_a_hang_is_followed_through_the_flight_recorder_too(tmp_path) -> None:
+    """Where the plugin cannot load (an eagerly bound process group, NCCL before 2.28), the
+    collectives' GPU times come from NCCL's flight recorder: the same answer."""
+    report, _ = run_fault(tmp_path, 2, "hang", "6", NCCL_PROFILER_PLUGIN="",
+                          OTEL_TRAIN_NCCL_PLUGIN="false", TORCH_NCCL_ENABLE_TIMING="1",
+                          TORCH_FR_BUFFER_SIZE="2000")
+    first = report["slow_steps"][0]
+    assert (first["step"], first["rank"], first["phase"]) == (6, 1, "untimed"), first["cause"]
+    assert first["location"] == f"main() at {SCRIPT.name}:{fault_line('hang')}", first["cause"]
+    wait = first["device_wait"]
+    assert wait is not None and (wait["rank"], wait["waited_for"]) == (0, 1), first["cause"]
     assert_little_is_not_explained(report)
