@@ -218,7 +218,11 @@ class _Blame:
                                     "what its GPU was doing")
             return slow
         own_excess, own_index, own_phase, on_gpu = found
-        duration = max(self.durations.get(target, 0.0), self.table.durations[own_index])
+        target = self.table.steps[own_index]  # its own work may be of the step before
+        # the step's time as its ranks lived it: a GPU-side cause's host step is short, the
+        # wait it caused on the hosts is not
+        duration = max(self.durations.get(target, 0.0), self.table.durations[own_index],
+                       wait.seconds)
         slow = self.explained(target, duration, own_index, own_phase, own_excess, False,
                               on_gpu=on_gpu)
         slow.device_wait = wait

@@ -153,3 +153,28 @@ def test_a_stretch_is_blocked_until_the_gpu_finished_what_was_issued_before_it()
     # nothing GPU-timed before it: not blocked after a known step, unknown after one not
     assert blocked_ns([(int(0.1 * S), int(0.2 * S))], ends, True) == [0]
     assert blocked_ns([(int(0.1 * S), int(0.2 * S))], ends, False) == [None]
+
+
+def test_a_host_blocked_on_its_own_gpu_work_is_blamed_on_that_work_in_its_own_step() -> None:
+    """Rank 1's forward of step 3 ran 2 s on its GPU; its host blocked on it at the next
+    batch copy, in step 4, while no collective held the wait: its own GPU work, step 3."""
+    table = StepTable()
+    rows = []
+    for step in range(6):
+        t = step * STEP_S
+        for rank in (0, 1):
+            if step == 3 and rank == 1:
+                step_row(table, 3, 1, STEP_S, 0.15, 0.01, gpu_forward=2.05)
+            elif step == 4 and rank == 1:
+                step_row(table, 4, 1, 2.2, 2.15, 0.01,
+                         gaps=[gap(t + 0.01, 2.1, 2.1, "main() at train.py:117")])
+            else:
+                step_row(table, step, rank, STEP_S, 0.15, 0.01)
+            rows.append((rank, step, step, t + 0.03, t + 0.1, 0.05))
+    durations = {s: 2.2 if s == 4 else STEP_S for s in range(6)}
+    first = st.slow_steps(table, durations, 2, collectives=collectives(rows))[0]
+    assert (first.step, first.rank, first.phase, first.on_gpu) == (
+        3, 1, sc.PHASE_FORWARD, True), first.cause
+    assert first.device_wait.late_on == "own" and first.share <= 1.0, first.cause
+    assert "it blocked 2.15 s at train.py:117 in step 4 waiting for its own GPU work" in \
+        first.cause, first.cause
