@@ -94,3 +94,20 @@ def test_console_and_unknown_signal_exporters(tmp_path, monkeypatch, capfd):
     assert not otlp_files.logs(run_dir)  # replaced, not added to
     assert otlp_files.metric_points(run_dir, semconv.METRIC_STEP_DURATION)  # default kept
     assert any("OTEL_METRICS_EXPORTER" in m and "zipkin" in m for m in messages), messages
+
+
+@pytest.mark.filterwarnings("error")  # a leaked file's ResourceWarning fails the test
+@pytest.mark.parametrize("export_process", [True, False])
+def test_a_signal_switched_off_opens_no_file_and_warns_nothing(tmp_path, monkeypatch,
+                                                              export_process):
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+    model, opt, loader = training.setup(batches=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning, relayed from the exporter or not
+        with otel_train.instrument(model, output_dir=tmp_path,
+                                   export_process=export_process):
+            training.train(model, opt, loader)
+    run_dir = otlp_files.only_run_dir(tmp_path)
+    assert not list(run_dir.glob("logs*"))
+    assert otlp_files.spans(run_dir)
+    assert otlp_files.metric_points(run_dir, semconv.METRIC_STEP_DURATION)
