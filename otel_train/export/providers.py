@@ -215,9 +215,11 @@ def _advised_buckets(aggregation: Any) -> bool:
 class _CountingMetricExporter(MetricExporter):
     def __init__(self, inner: MetricExporter, accounts: Accounts,
                  extra: Any = None) -> None:
+        # the wrapped exporter's preferences are private attributes of the SDK's base class:
+        # read them guarded, as a later 1.x release may keep them elsewhere
         super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
         )
         self._inner, self._accounts = inner, accounts
         #: (CollectiveDurations, resource, scope): a histogram aggregated by otel-train,

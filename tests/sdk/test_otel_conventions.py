@@ -9,11 +9,13 @@ process; nothing is mocked.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 from opentelemetry.semconv.schemas import Schemas
-from support import otlp_files, training
+from packaging.requirements import Requirement
+from support import REPO_ROOT, otlp_files, training
 
 import otel_train
 from otel_train import semconv
@@ -111,3 +113,15 @@ def test_a_signal_switched_off_opens_no_file_and_warns_nothing(tmp_path, monkeyp
     assert not list(run_dir.glob("logs*"))
     assert otlp_files.spans(run_dir)
     assert otlp_files.metric_points(run_dir, semconv.METRIC_STEP_DURATION)
+
+
+@pytest.mark.parametrize("package", ["opentelemetry-api", "opentelemetry-sdk",
+                                     "opentelemetry-exporter-otlp"])
+def test_the_opentelemetry_requirements_admit_every_later_1x_release(package):
+    # a library pinned to one minor release cannot be installed beside an application
+    # already on a later one
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()  # (tomllib is 3.11+)
+    (spec,) = [Requirement(r).specifier for r in re.findall(r'"(opentelemetry-[^"]+)"', pyproject)
+               if Requirement(r).name == package]
+    assert spec.contains("1.45.0") and spec.contains("1.46.0") and spec.contains("1.99.0")
+    assert not spec.contains("2.0.0")  # a major release may break what otel-train uses
