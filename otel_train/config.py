@@ -302,8 +302,8 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
 # providers are built: one bad value would leave the rank without any telemetry. So they are
 # read here, where the SDK objects are built, as otel-train's own are (one ConfigWarning
 # naming the variable, in its own unit, and the default), and the SDK is handed every value
-# as an argument, so it never reads them itself. The defaults are the specification's, which
-# are the SDK's.
+# as an argument, so it does not read them itself (where it does anyway, providers.py hides a
+# bad one from it). The defaults are the specification's, which are the SDK's.
 
 #: OTEL_BSP_* (spans) and OTEL_BLRP_* (logs): queue size, schedule delay (ms), batch size,
 #: export timeout (ms)
@@ -412,6 +412,7 @@ def otlp_settings(signals: Sequence[str], env: Mapping[str, str] | None = None
                       protocols)
     seconds = "a positive number of seconds (the Python exporters' unit)"
     timeout = _parse(env, f"{general}_TIMEOUT", _positive_float, _OTLP_TIMEOUT_S, seconds)
+
     def compression(name: str, protocol: str, default: str) -> str:
         options = _OTLP_COMPRESSIONS[protocol]
         return _parse(env, name, _choice(options), default,
