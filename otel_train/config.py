@@ -10,7 +10,7 @@ import dataclasses
 import math
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -291,6 +291,146 @@ def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
     if found["sampler_name"].endswith("traceidratio"):
         found["sampler_arg"] = _parse(env, "OTEL_TRACES_SAMPLER_ARG", _ratio, 1.0,
                                       "a ratio between 0 and 1")
+    return found
+
+
+# --- the OpenTelemetry SDK's own variables ------------------------------------------------
+#
+# The SDK reads these itself wherever it is not given an argument, and rejects some values
+# (OTEL_BSP_SCHEDULE_DELAY=-1, OTEL_METRIC_EXPORT_INTERVAL=0, OTEL_BLRP_MAX_EXPORT_BATCH_SIZE
+# larger than the queue, an unknown OTEL_METRICS_EXEMPLAR_FILTER...) by raising while the
+# providers are built: one bad value would leave the rank without any telemetry. So they are
+# read here, where the SDK objects are built, as otel-train's own are (one ConfigWarning
+# naming the variable, in its own unit, and the default), and the SDK is handed every value
+# as an argument, so it does not read them itself (where it does anyway, providers.py hides a
+# bad one from it). The defaults are the specification's, which are the SDK's.
+
+#: OTEL_BSP_* (spans) and OTEL_BLRP_* (logs): queue size, schedule delay (ms), batch size,
+#: export timeout (ms)
+_BATCH_DEFAULTS = {"traces": ("OTEL_BSP", 2048, 5000, 512, 30000),
+                   "logs": ("OTEL_BLRP", 2048, 1000, 512, 30000)}
+EXEMPLAR_FILTERS = ("trace_based", "always_on", "always_off")
+#: every count limit's default (attribute, event and link counts); lengths have none
+_COUNT_LIMIT = 128
+#: what the Python OTLP exporters can send, by protocol (http/json is not one of theirs)
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")
+_OTLP_COMPRESSIONS = {"http/protobuf": ("none", "gzip", "deflate"), "grpc": ("none", "gzip")}
+#: the Python OTLP exporters read OTEL_EXPORTER_OTLP_*TIMEOUT in seconds, not milliseconds
+_OTLP_TIMEOUT_S = 10.0
+
+
+def _at_most(limit: int) -> Callable[[str], int]:
+    def convert(raw: str) -> int:
+        value = _positive_int(raw)
+        if value > limit:
+            raise ValueError(raw)
+        return value
+
+    return convert
+
+
+def batch_processor_settings(signal: str, env: Mapping[str, str] | None = None
+                             ) -> dict[str, int]:
+    """Keyword arguments of the SDK's batch processor of ``signal`` ("traces": OTEL_BSP_*,
+    "logs": OTEL_BLRP_*)."""
+    env = os.environ if env is None else env
+    prefix, queue_d, delay_d, batch_d, timeout_d = _BATCH_DEFAULTS[signal]
+    queue = _parse(env, f"{prefix}_MAX_QUEUE_SIZE", _positive_int, queue_d,
+                   "a positive integer")
+    # the SDK refuses a batch larger than the queue: the default batch shrinks to a small queue
+    batch = _parse(env, f"{prefix}_MAX_EXPORT_BATCH_SIZE", _at_most(queue), min(batch_d, queue),
+                   f"a positive integer, at most {prefix}_MAX_QUEUE_SIZE ({queue})")
+    return {
+        "max_queue_size": queue,
+        "max_export_batch_size": batch,
+        "schedule_delay_millis": _parse(env, f"{prefix}_SCHEDULE_DELAY", _positive_int, delay_d,
+                                        "a positive integer of milliseconds"),
+        # unused by the SDK so far, but parsed by it (and a traceback where it is no integer)
+        "export_timeout_millis": _parse(env, f"{prefix}_EXPORT_TIMEOUT", _non_negative_int,
+                                        timeout_d, "a non-negative integer of milliseconds"),
+    }
+
+
+def metric_reader_settings(env: Mapping[str, str] | None = None) -> dict[str, float]:
+    """Keyword arguments of the SDK's periodic metric reader (OTEL_METRIC_EXPORT_*)."""
+    env = os.environ if env is None else env
+    # infinite or NaN are refused too: the reader would never export (it has no final one)
+    return {
+        "export_interval_millis": _parse(env, "OTEL_METRIC_EXPORT_INTERVAL", _positive_float,
+                                         60000.0, "a positive number of milliseconds"),
+        "export_timeout_millis": _parse(env, "OTEL_METRIC_EXPORT_TIMEOUT", _positive_float,
+                                        30000.0, "a positive number of milliseconds"),
+    }
+
+
+def exemplar_filter(env: Mapping[str, str] | None = None) -> str:
+    """OTEL_METRICS_EXEMPLAR_FILTER: trace_based (the default), always_on or always_off."""
+    env = os.environ if env is None else env
+    return _parse(env, "OTEL_METRICS_EXEMPLAR_FILTER", _choice(EXEMPLAR_FILTERS), "trace_based",
+                  f"one of {', '.join(EXEMPLAR_FILTERS)}")
+
+
+def attribute_limits(env: Mapping[str, str] | None = None
+                     ) -> tuple[dict[str, int | None], dict[str, int | None]]:
+    """Keyword arguments of the SDK's SpanLimits and LogRecordLimits (None: no limit): each
+    model's own variable, else the global OTEL_ATTRIBUTE_*_LIMIT, else the default."""
+    env = os.environ if env is None else env
+
+    def limit(name: str, default: int | None) -> int | None:
+        return _parse(env, name, _non_negative_int, default, "a non-negative integer")
+
+    count = limit("OTEL_ATTRIBUTE_COUNT_LIMIT", _COUNT_LIMIT)
+    length = limit("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", None)
+    spans = {
+        "max_attributes": count,
+        "max_attribute_length": length,
+        "max_span_attributes": limit("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", count),
+        "max_span_attribute_length": limit("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", length),
+        "max_events": limit("OTEL_SPAN_EVENT_COUNT_LIMIT", _COUNT_LIMIT),
+        "max_links": limit("OTEL_SPAN_LINK_COUNT_LIMIT", _COUNT_LIMIT),
+        "max_event_attributes": limit("OTEL_EVENT_ATTRIBUTE_COUNT_LIMIT", count),
+        "max_link_attributes": limit("OTEL_LINK_ATTRIBUTE_COUNT_LIMIT", count),
+    }
+    logs = {
+        "max_attributes": count,
+        "max_attribute_length": length,
+        "max_log_record_attributes": limit("OTEL_LOGRECORD_ATTRIBUTE_COUNT_LIMIT", count),
+        "max_log_record_attribute_length": limit("OTEL_LOGRECORD_ATTRIBUTE_VALUE_LENGTH_LIMIT",
+                                                 length),
+    }
+    return spans, logs
+
+
+def otlp_settings(signals: Sequence[str], env: Mapping[str, str] | None = None
+                  ) -> dict[str, dict[str, Any]]:
+    """By signal ("traces", "metrics", "logs"): the OTLP exporter's protocol, timeout (s) and
+    compression, from OTEL_EXPORTER_OTLP_<SIGNAL>_* else OTEL_EXPORTER_OTLP_*."""
+    env = os.environ if env is None else env
+    general = "OTEL_EXPORTER_OTLP"
+    protocols = f"one of {', '.join(OTLP_PROTOCOLS)} (the Python exporters have no http/json)"
+    protocol = _parse(env, f"{general}_PROTOCOL", _choice(OTLP_PROTOCOLS), OTLP_PROTOCOLS[0],
+                      protocols)
+    seconds = "a positive number of seconds (the Python exporters' unit)"
+    timeout = _parse(env, f"{general}_TIMEOUT", _positive_float, _OTLP_TIMEOUT_S, seconds)
+
+    def compression(name: str, protocol: str, default: str) -> str:
+        options = _OTLP_COMPRESSIONS[protocol]
+        return _parse(env, name, _choice(options), default,
+                      f"one of {', '.join(options)} for {protocol}")
+
+    general_compression: dict[str, str] = {}  # by protocol: read once, so warned once
+    found: dict[str, dict[str, Any]] = {}
+    for signal in signals:
+        own = f"{general}_{signal.upper()}"
+        chosen = _parse(env, f"{own}_PROTOCOL", _choice(OTLP_PROTOCOLS), protocol, protocols)
+        if chosen not in general_compression:
+            general_compression[chosen] = compression(f"{general}_COMPRESSION", chosen, "none")
+        found[signal] = {
+            "protocol": chosen,
+            "timeout": _parse(env, f"{own}_TIMEOUT", _positive_float, timeout, seconds),
+            "compression": compression(f"{own}_COMPRESSION", chosen,
+                                       general_compression[chosen]),
+        }
     return found
 
 

@@ -360,19 +360,41 @@ def _is_info_log_line(line: str) -> bool:
     return isinstance(record, dict) and record.get("level") in ("debug", "info")
 
 
+#: what ``otel-train demo --help`` says: the module's docstring in plain words (a terminal
+#: shows reST markup as it is written)
+DESCRIPTION = """\
+A small instrumented distributed training run on the CPU.
+
+Launches N ranks with gloo, trains a small transformer language model (sharded
+with FSDP2's fully_shard, or wrapped in DDP) compiled with torch.compile, on a
+DataLoader with worker processes, writes telemetry to a run directory and
+prints a per-phase, per-rank summary read back from the exported traces, where
+the files are and what to run next.
+
+At a terminal it shows only that; when its output is captured (scripts, CI,
+tests) it also passes on every rank's JSON log lines (stderr) and ends with a
+JSON result line (stdout)."""
+
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser("demo", help="train a small model on N CPU ranks, instrumented",
-                              description=__doc__)
+                              description=DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2, help="number of ranks (default 2)")
     p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
-    p.add_argument("--parallel", choices=("fsdp2", "ddp"), default="fsdp2")
+    p.add_argument("--parallel", choices=("fsdp2", "ddp"), default="fsdp2",
+                   help="shard the model with FSDP2 (the default) or replicate it with DDP")
     p.add_argument("--ddp", dest="parallel", action="store_const", const="ddp",
                    help="shorthand for --parallel ddp")
     p.add_argument("--no-compile", action="store_true", help="run eagerly")
-    p.add_argument("--backend", default="inductor", help="torch.compile backend")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--seq-len", type=int, default=32)
-    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes")
+    p.add_argument("--backend", default="inductor",
+                   help="torch.compile backend (default inductor)")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="sequences per batch on each rank (default 8)")
+    p.add_argument("--seq-len", type=int, default=32,
+                   help="tokens per sequence (default 32)")
+    p.add_argument("--workers", type=int, default=2,
+                   help="DataLoader worker processes per rank (default 2)")
     p.add_argument("--output-dir", help="root of run directories "
                    "(default $OTEL_TRAIN_OUTPUT_DIR or ./otel-train-runs)")
     p.add_argument("--run-id", help="run id (default: the launcher's, or rank 0's broadcast)")

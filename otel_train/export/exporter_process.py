@@ -28,6 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from otel_train import redact, semconv
+from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows, remote
 from otel_train.export.providers import Pipeline
 
@@ -191,6 +192,20 @@ def _yield_cpu_to_training() -> None:
         pass
 
 
+def _settings_warnings(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The texts of the ConfigWarnings of building the pipeline, which the training process
+    warns with as its own. Any other warning (a ResourceWarning, the SDK's deprecations) is
+    not a setting's: it is issued here as what it is, under this process's filters, to the
+    stderr both processes share."""
+    texts = []
+    for w in caught:
+        if issubclass(w.category, ConfigWarning):
+            texts.append(str(w.message))
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    return texts
+
+
 def main(fd: int) -> int:
     _yield_cpu_to_training()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -204,8 +219,7 @@ def main(fd: int) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pipeline = Pipeline(cfg, ident, run_dir)
-    remote.send_message(sock, (remote.REPLY_READY, pipeline.kind,
-                               [str(w.message) for w in caught]))
+    remote.send_message(sock, (remote.REPLY_READY, pipeline.kind, _settings_warnings(caught)))
     threading.Thread(target=_watch_parent, args=(sock,), name="otel-train-parent-watch",
                      daemon=True).start()
     exporter = Exporter(pipeline)

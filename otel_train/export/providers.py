@@ -8,25 +8,31 @@ deliver, and what the batch processors must drop when full, is counted by signal
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
-from opentelemetry.sdk._logs import LoggerProvider
+from opentelemetry.sdk._logs import LoggerProvider, LogRecordLimits
 from opentelemetry.sdk._logs.export import (
     BatchLogRecordProcessor,
     LogRecordExporter,
     LogRecordExportResult,
 )
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    MeterProvider,
+    TraceBasedExemplarFilter,
+)
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
-from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     MetricExporter,
@@ -41,7 +47,7 @@ from opentelemetry.sdk.metrics.view import (
     ExplicitBucketHistogramAggregation,
 )
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
@@ -209,9 +215,11 @@ def _advised_buckets(aggregation: Any) -> bool:
 class _CountingMetricExporter(MetricExporter):
     def __init__(self, inner: MetricExporter, accounts: Accounts,
                  extra: Any = None) -> None:
+        # the wrapped exporter's preferences are private attributes of the SDK's base class:
+        # read them guarded, as a later 1.x release may keep them elsewhere
         super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
+            preferred_temporality=getattr(inner, "_preferred_temporality", None),
+            preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
         )
         self._inner, self._accounts = inner, accounts
         #: (CollectiveDurations, resource, scope): a histogram aggregated by otel-train,
@@ -253,7 +261,7 @@ def _queue_full(processor: Any) -> bool:
 
 class _CountingBatchSpanProcessor(BatchSpanProcessor):
     def __init__(self, exporter: SpanExporter, accounts: Accounts) -> None:
-        super().__init__(exporter)
+        super().__init__(exporter, **config_mod.batch_processor_settings("traces"))
         self._accounts = accounts
 
     def on_end(self, span: Any) -> None:
@@ -263,7 +271,7 @@ class _CountingBatchSpanProcessor(BatchSpanProcessor):
 
 class _CountingBatchLogProcessor(BatchLogRecordProcessor):
     def __init__(self, exporter: LogRecordExporter, accounts: Accounts) -> None:
-        super().__init__(exporter)
+        super().__init__(exporter, **config_mod.batch_processor_settings("logs"))
         self._accounts = accounts
 
     def on_emit(self, log_record: Any) -> None:
@@ -274,57 +282,74 @@ class _CountingBatchLogProcessor(BatchLogRecordProcessor):
 # --- exporters ---------------------------------------------------------------------------
 
 
-def _otlp_protocol(signal: str) -> str:
-    return (
-        os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-        or "http/protobuf"
-    ).strip().lower()
+#: the signals, as OTEL_<SIGNAL>_EXPORTER and the exporters' file names spell them
+_SIGNAL_NAMES = ("traces", "metrics", "logs")
 
 
-def _otlp_exporters(only: str | None = None) -> tuple[Any, Any, Any]:
-    """OTLP exporters configured by the standard ``OTEL_EXPORTER_OTLP_*`` variables (of one
-    signal only, the others None, if ``only`` names it)."""
-    exporters: list[Any] = []
-    for signal in ("traces", "metrics", "logs"):
-        if only is not None and signal != only:
-            exporters.append(None)
-            continue
-        protocol = _otlp_protocol(signal)
-        if protocol not in ("grpc", "http/protobuf"):
-            warnings.warn(f"otel-train: OTLP protocol {protocol!r} for {signal} is not supported "
-                          "(grpc, http/protobuf); using http/protobuf", ConfigWarning, stacklevel=4)
-            protocol = "http/protobuf"
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc import (
-                _log_exporter as logs,
-            )
-            from opentelemetry.exporter.otlp.proto.grpc import (
-                metric_exporter as metrics,
-            )
-            from opentelemetry.exporter.otlp.proto.grpc import (
-                trace_exporter as traces,
-            )
-        else:
-            from opentelemetry.exporter.otlp.proto.http import (
-                _log_exporter as logs,
-            )
-            from opentelemetry.exporter.otlp.proto.http import (
-                metric_exporter as metrics,
-            )
-            from opentelemetry.exporter.otlp.proto.http import (
-                trace_exporter as traces,
-            )
-        kwargs: dict[str, Any] = {}
-        if protocol != "grpc":
-            session = _session_keeping_certificate(signal)
-            if session is not None:
-                kwargs["session"] = session
-        exporters.append(
-            {"traces": traces.OTLPSpanExporter, "metrics": metrics.OTLPMetricExporter,
-             "logs": logs.OTLPLogExporter}[signal](**kwargs)
-        )
-    return exporters[0], exporters[1], exporters[2]
+def _otlp_exporters(signals: Sequence[str]) -> dict[str, Any]:
+    """OTLP exporters of ``signals``, configured by the standard ``OTEL_EXPORTER_OTLP_*``
+    variables. Protocol, timeout and compression are read (and checked) by otel-train and
+    handed over as arguments: the gRPC exporters raise on a bad timeout or compression, even
+    on "none" (config.otlp_settings)."""
+    return {signal: (_grpc_exporter if settings["protocol"] == "grpc" else _http_exporter)(
+                signal, settings)
+            for signal, settings in config_mod.otlp_settings(signals).items()}
+
+
+def _grpc_exporter(signal: str, settings: dict[str, Any]) -> Any:
+    import grpc
+    from opentelemetry.exporter.otlp.proto.grpc import (
+        _log_exporter,
+        metric_exporter,
+        trace_exporter,
+    )
+
+    exporter = {"traces": trace_exporter.OTLPSpanExporter,
+                "metrics": metric_exporter.OTLPMetricExporter,
+                "logs": _log_exporter.OTLPLogExporter}[signal]
+    compression = {"none": grpc.Compression.NoCompression,
+                   "gzip": grpc.Compression.Gzip}[settings["compression"]]
+    with _unparsable_hidden(f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT"):
+        return exporter(timeout=settings["timeout"], compression=compression)
+
+
+@contextlib.contextmanager
+def _unparsable_hidden(name: str) -> Iterator[None]:
+    """``name`` out of the environment while the block runs where it is no number (empty, or
+    already warned about by config.otlp_settings): the gRPC exporters parse their signal's
+    timeout variable even when given a timeout, and raise on it. Put back at once: it is the
+    application's environment."""
+    raw = os.environ.get(name)
+    try:
+        float(raw if raw is not None else 0)
+        hidden = False
+    except ValueError:
+        hidden = True
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        if hidden:
+            os.environ[name] = raw
+
+
+def _http_exporter(signal: str, settings: dict[str, Any]) -> Any:
+    from opentelemetry.exporter.otlp.proto.http import (
+        Compression,
+        _log_exporter,
+        metric_exporter,
+        trace_exporter,
+    )
+
+    exporter = {"traces": trace_exporter.OTLPSpanExporter,
+                "metrics": metric_exporter.OTLPMetricExporter,
+                "logs": _log_exporter.OTLPLogExporter}[signal]
+    kwargs: dict[str, Any] = {"timeout": settings["timeout"],
+                              "compression": Compression(settings["compression"])}
+    session = _session_keeping_certificate(signal)
+    if session is not None:
+        kwargs["session"] = session
+    return exporter(**kwargs)
 
 
 def _session_keeping_certificate(signal: str) -> Any:
@@ -353,17 +378,29 @@ def _session_keeping_certificate(signal: str) -> Any:
     return _Session()
 
 
-def _file_exporters(run_dir: Path, rank: int) -> tuple[SpanExporter, MetricExporter,
-                                                        LogRecordExporter]:
+def _file_exporters(signals: Sequence[str], run_dir: Path | None, rank: int
+                    ) -> dict[str, Any]:
     from opentelemetry.exporter.otlp.json.file import FileMetricExporter, FileSpanExporter
     from opentelemetry.exporter.otlp.json.file._log_exporter import FileLogExporter
 
+    if run_dir is None:
+        raise ValueError("no run directory")
     run_dir.mkdir(parents=True, exist_ok=True)
-    return (
-        FileSpanExporter(run_dir / f"traces.rank-{rank}.jsonl"),
-        FileMetricExporter(run_dir / f"metrics.rank-{rank}.jsonl"),
-        FileLogExporter(run_dir / f"logs.rank-{rank}.jsonl"),
-    )
+    exporter = {"traces": FileSpanExporter, "metrics": FileMetricExporter,
+                "logs": FileLogExporter}
+    # each opens its file as it is made: only those of exported signals are made
+    return {signal: exporter[signal](run_dir / f"{signal}.rank-{rank}.jsonl")
+            for signal in signals}
+
+
+def _console_exporters(signals: Sequence[str]) -> dict[str, Any]:
+    from opentelemetry.sdk._logs.export import ConsoleLogExporter
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+    exporter = {"traces": ConsoleSpanExporter, "metrics": ConsoleMetricExporter,
+                "logs": ConsoleLogExporter}
+    return {signal: exporter[signal]() for signal in signals}
 
 
 #: OTEL_{TRACES,METRICS,LOGS}_EXPORTER values honoured per signal (the specification's
@@ -386,27 +423,6 @@ def signal_exporter(signal: str) -> str | None:
     return None
 
 
-def _signal_overrides(spans: Any, metrics: Any, logs: Any) -> tuple[Any, Any, Any]:
-    """The exporters after OTEL_{TRACES,METRICS,LOGS}_EXPORTER: "none" turns a signal's
-    export off, "otlp" and "console" replace its exporter."""
-    chosen = {"traces": spans, "metrics": metrics, "logs": logs}
-    for signal in chosen:
-        kind = signal_exporter(signal)
-        if kind == "none":
-            chosen[signal] = None
-        elif kind == "otlp":
-            chosen[signal] = _otlp_exporters(only=signal)[("traces", "metrics",
-                                                            "logs").index(signal)]
-        elif kind == "console":
-            from opentelemetry.sdk._logs.export import ConsoleLogExporter
-            from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
-            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-            chosen[signal] = {"traces": ConsoleSpanExporter, "metrics": ConsoleMetricExporter,
-                              "logs": ConsoleLogExporter}[signal]()
-    return chosen["traces"], chosen["metrics"], chosen["logs"]
-
-
 def choose_exporter(cfg: Config) -> str:
     if cfg.exporter != "auto":
         return cfg.exporter
@@ -414,6 +430,16 @@ def choose_exporter(cfg: Config) -> str:
 
 
 # --- the pipeline ------------------------------------------------------------------------
+
+
+_EXEMPLAR_FILTERS = {"trace_based": TraceBasedExemplarFilter, "always_on": AlwaysOnExemplarFilter,
+                     "always_off": AlwaysOffExemplarFilter}
+
+
+def _sdk_limits(cls: Any, limits: dict[str, int | None]) -> Any:
+    """SpanLimits or LogRecordLimits of config.attribute_limits: every one given (for one not
+    given the SDK would read, and raise on, the variable itself), "no limit" as UNSET."""
+    return cls(**{name: cls.UNSET if value is None else value for name, value in limits.items()})
 
 
 def build_resource(cfg: Config, ident: Identity) -> Resource:
@@ -468,7 +494,8 @@ class Pipeline:
         self.ids = RandomIdGenerator()
         self.kind = choose_exporter(cfg)
         self.resource = build_resource(cfg, ident)
-        exporters = self._exporters(cfg, ident, run_dir)
+        exporters = self._exporters(run_dir, ident.rank)
+        span_limits, log_limits = config_mod.attribute_limits()
         # shutdown_on_exit=False: instrument() shuts them down itself, within its bound
         # The emitter makes the step sampling decision itself (the configured sampler on the
         # step's trace id) and builds spans of sampled steps only; children follow their
@@ -477,13 +504,14 @@ class Pipeline:
         self.tracer_provider = TracerProvider(
             resource=self.resource, id_generator=self.ids,
             sampler=ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
-            shutdown_on_exit=False,
+            span_limits=_sdk_limits(SpanLimits, span_limits), shutdown_on_exit=False,
         )
         self.readers: list[PeriodicExportingMetricReader] = []
         self.processors: list[Any] = []
-        self.logger_provider = LoggerProvider(resource=self.resource, shutdown_on_exit=False)
-        spans, metrics, logs = exporters if exporters is not None else (None, None, None)
-        spans, metrics, logs = _signal_overrides(spans, metrics, logs)
+        self.logger_provider = LoggerProvider(
+            resource=self.resource, shutdown_on_exit=False,
+            log_record_limits=_sdk_limits(LogRecordLimits, log_limits))
+        spans, metrics, logs = (exporters[signal] for signal in _SIGNAL_NAMES)
         if spans is not None:
             processor = _CountingBatchSpanProcessor(
                 _CountingSpanExporter(spans, self.accounts), self.accounts)
@@ -509,9 +537,11 @@ class Pipeline:
             extra = (None if self.collective_durations is None else
                      (self.collective_durations, self.resource, self._scope))
             self.readers.append(PeriodicExportingMetricReader(
-                _CountingMetricExporter(metrics, self.accounts, extra)))
-        self.meter_provider = MeterProvider(resource=self.resource, metric_readers=self.readers,
-                                            shutdown_on_exit=False)
+                _CountingMetricExporter(metrics, self.accounts, extra),
+                **config_mod.metric_reader_settings()))
+        self.meter_provider = MeterProvider(
+            resource=self.resource, metric_readers=self.readers, shutdown_on_exit=False,
+            exemplar_filter=_EXEMPLAR_FILTERS[config_mod.exemplar_filter()]())
         _live_pipelines.add(self)
         self.tracer = self.tracer_provider.get_tracer(*scope)
         self._span_processors = [p for p in self.processors if isinstance(p, BatchSpanProcessor)]
@@ -599,19 +629,27 @@ class Pipeline:
             severity_number=SeverityNumber(severity), severity_text=severity_text, body=body,
             attributes=attributes)
 
-    def _exporters(self, cfg: Config, ident: Identity, run_dir: Path | None) -> Any:
-        if self.kind == "none":
-            return None
-        try:
-            if self.kind == "otlp":
-                return _otlp_exporters()
-            assert run_dir is not None
-            return _file_exporters(run_dir, ident.rank)
-        except Exception as err:  # unwritable directory, missing exporter package...
-            warnings.warn(f"otel-train: cannot set up the {self.kind} exporters ({err}); "
-                          "telemetry of this run is not exported", ConfigWarning, stacklevel=4)
-            self.kind = "none"
-            return None
+    def _exporters(self, run_dir: Path | None, rank: int) -> dict[str, Any]:
+        """Each signal's exporter, None where it is not exported: of the kind its
+        OTEL_<SIGNAL>_EXPORTER names ("none": off), else of the run's kind. One kind's
+        exporters that cannot be made leave their signals unexported, with a warning."""
+        kinds = {signal: signal_exporter(signal) or self.kind for signal in _SIGNAL_NAMES}
+        exporters: dict[str, Any] = dict.fromkeys(_SIGNAL_NAMES)
+        builders = {"otlp": _otlp_exporters, "console": _console_exporters,
+                    "file": lambda signals: _file_exporters(signals, run_dir, rank)}
+        for kind, build in builders.items():
+            signals = [signal for signal in _SIGNAL_NAMES if kinds[signal] == kind]
+            if not signals:
+                continue
+            try:
+                exporters.update(build(signals))
+            except Exception as err:  # unwritable directory, missing exporter package...
+                warnings.warn(f"otel-train: cannot set up the {kind} exporters ({err}); "
+                              f"{', '.join(signals)} of this run not exported", ConfigWarning,
+                              stacklevel=4)
+                if kind == self.kind:
+                    self.kind = "none"
+        return exporters
 
     def commit(self) -> None:
         """Nothing to hand on: spans and records went to the SDK as they were made."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
+import pytest
 import yaml
 from support import REPO_ROOT
 from support.pipeline_fixtures import PROMETHEUS_DIR, promtool_binary
@@ -116,6 +117,12 @@ def test_every_per_rank_and_per_collector_aggregation_keeps_the_namespace_for_ro
                 assert "namespace" in clause, (rule.get("alert") or rule["record"], clause)
 
 
+def test_every_alert_waits_before_firing():
+    # Without `for:` one evaluation pages: a burst, or one scrape where two series disagree.
+    for rule in alerts(RULES) + alerts(MIXIN):
+        assert re.fullmatch(r"[1-9]\d*[smh]", str(rule.get("for", ""))), rule["alert"]
+
+
 def test_every_alert_is_tested_both_firing_and_quiet():
     text = RULES_TEST.read_text()
     cases = re.findall(r"- alertname: (\S+)\s+eval_time: \S+.*?\s+exp_alerts:(\s*\[\]|\s*\n\s+- )",
@@ -141,6 +148,17 @@ def test_unit_tests_catch_a_stopped_reporting_alert_that_ignores_finished_runs(t
         "          max by (training_run_id) (training_step_duration_seconds_count"
         " or histogram_count(training_step_duration_seconds))\n", "")
     assert "run-done" in output
+
+
+@pytest.mark.parametrize("alert,expr_end,wait", [
+    ("TrainingRecompileStorm", "increase10m > 5\n", "15m"),
+    ("TrainingCollectiveStalled", "          ) > 0\n", "5m"),
+])
+def test_unit_tests_catch_an_alert_that_fires_at_once(tmp_path, alert, expr_end, wait):
+    # The unit tests prove each `for:` holds the alert back: without it they fail.
+    output = _unit_tests_on_broken_copy(tmp_path, RULES, f"{expr_end}        for: {wait}\n",
+                                        expr_end)
+    assert alert in output
 
 
 def _unit_tests_on_broken_copy(tmp_path, broken_file, old: str, new: str) -> str:

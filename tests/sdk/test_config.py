@@ -99,3 +99,29 @@ def test_the_nccl_plugin_is_auto_by_default_and_can_be_forced_or_refused():
     assert config.load({"OTEL_TRAIN_NCCL_PLUGIN": "false"}).nccl_plugin is False
     assert config.load({"OTEL_TRAIN_NCCL_PLUGIN": "1"}, nccl_plugin=False).nccl_plugin is False
 
+
+
+def test_a_signal_s_bad_otlp_value_falls_back_to_the_general_one():
+    env = {"OTEL_EXPORTER_OTLP_TIMEOUT": "3", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "-1",
+           "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_LOGS_PROTOCOL": "ftp"}
+    with pytest.warns(ConfigWarning) as caught:
+        found = config.otlp_settings(("traces", "metrics", "logs"), env)
+    assert sorted(str(w.message).split("=")[0] for w in caught) == [
+        "otel-train: OTEL_EXPORTER_OTLP_LOGS_PROTOCOL",
+        "otel-train: OTEL_EXPORTER_OTLP_TRACES_TIMEOUT"]
+    assert [found[s]["timeout"] for s in ("traces", "metrics", "logs")] == [3.0, 3.0, 3.0]
+    assert [found[s]["protocol"] for s in ("traces", "metrics", "logs")] == ["grpc"] * 3
+
+
+def test_a_bad_general_otlp_value_is_warned_once_for_all_signals():
+    with pytest.warns(ConfigWarning) as caught:
+        config.otlp_settings(("traces", "metrics", "logs"),
+                             {"OTEL_EXPORTER_OTLP_COMPRESSION": "lz4"})
+    assert len(caught) == 1 and "OTEL_EXPORTER_OTLP_COMPRESSION" in str(caught[0].message)
+
+
+def test_a_model_s_attribute_limit_falls_back_to_the_global_one():
+    spans, logs = config.attribute_limits({"OTEL_ATTRIBUTE_COUNT_LIMIT": "16",
+                                           "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "64"})
+    assert spans["max_span_attributes"] == 64 and spans["max_event_attributes"] == 16
+    assert logs["max_log_record_attributes"] == 16 and logs["max_attribute_length"] is None

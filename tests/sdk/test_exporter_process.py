@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from support import otlp_files, training
 import otel_train
 from otel_train import semconv
 from otel_train.config import ConfigWarning
+from otel_train.export import exporter_process
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -149,3 +151,15 @@ def test_the_exporter_never_outlives_a_sigkilled_training_process(tmp_path):
     spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
     assert {s["attrs"][semconv.ATTR_STEP] for s in spans
             if s["name"] == semconv.SPAN_RANK_STEP} >= {0, 1, 2}
+
+
+def test_only_setting_warnings_are_relayed_as_settings_others_keep_their_kind():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn("otel-train: OTEL_BSP_SCHEDULE_DELAY='-1' is invalid", ConfigWarning,
+                      stacklevel=1)
+        warnings.warn("unclosed file <logs.rank-0.jsonl>", ResourceWarning, stacklevel=1)
+    with pytest.warns(ResourceWarning, match="unclosed file") as issued:
+        relayed = exporter_process._settings_warnings(caught)
+    assert relayed == ["otel-train: OTEL_BSP_SCHEDULE_DELAY='-1' is invalid"]
+    assert [w.category for w in issued] == [ResourceWarning]

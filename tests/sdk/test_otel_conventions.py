@@ -9,11 +9,13 @@ process; nothing is mocked.
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
 from opentelemetry.semconv.schemas import Schemas
-from support import otlp_files, training
+from packaging.requirements import Requirement
+from support import REPO_ROOT, otlp_files, training
 
 import otel_train
 from otel_train import semconv
@@ -94,3 +96,32 @@ def test_console_and_unknown_signal_exporters(tmp_path, monkeypatch, capfd):
     assert not otlp_files.logs(run_dir)  # replaced, not added to
     assert otlp_files.metric_points(run_dir, semconv.METRIC_STEP_DURATION)  # default kept
     assert any("OTEL_METRICS_EXPORTER" in m and "zipkin" in m for m in messages), messages
+
+
+@pytest.mark.filterwarnings("error")  # a leaked file's ResourceWarning fails the test
+@pytest.mark.parametrize("export_process", [True, False])
+def test_a_signal_switched_off_opens_no_file_and_warns_nothing(tmp_path, monkeypatch,
+                                                              export_process):
+    monkeypatch.setenv("OTEL_LOGS_EXPORTER", "none")
+    model, opt, loader = training.setup(batches=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning, relayed from the exporter or not
+        with otel_train.instrument(model, output_dir=tmp_path,
+                                   export_process=export_process):
+            training.train(model, opt, loader)
+    run_dir = otlp_files.only_run_dir(tmp_path)
+    assert not list(run_dir.glob("logs*"))
+    assert otlp_files.spans(run_dir)
+    assert otlp_files.metric_points(run_dir, semconv.METRIC_STEP_DURATION)
+
+
+@pytest.mark.parametrize("package", ["opentelemetry-api", "opentelemetry-sdk",
+                                     "opentelemetry-exporter-otlp"])
+def test_the_opentelemetry_requirements_admit_every_later_1x_release(package):
+    # a library pinned to one minor release cannot be installed beside an application
+    # already on a later one
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()  # (tomllib is 3.11+)
+    (spec,) = [Requirement(r).specifier for r in re.findall(r'"(opentelemetry-[^"]+)"', pyproject)
+               if Requirement(r).name == package]
+    assert spec.contains("1.45.0") and spec.contains("1.46.0") and spec.contains("1.99.0")
+    assert not spec.contains("2.0.0")  # a major release may break what otel-train uses
