@@ -38,10 +38,11 @@ PHASE_BACKWARD = "backward"
 PHASE_OPTIMIZER = "optimizer"
 PHASE_EXPOSED_COMM = "exposed_comm"
 PHASE_COMPILE = "compile"
-#: the time outside every phase, split by what held the training thread there
-#: (sources/gaps.py): blocked on the device (a call that waited for the GPU, whose queue
-#: still held work issued before the stretch) and busy on the host (user code running while
-#: the device had caught up, or a CPU run); the rest of it is not explained
+#: the parts of the time outside every phase (sources/gaps.py; not phases of their own:
+#: values of training.untimed.part, and ``training.phase_total.<part>`` on train.rank_step):
+#: blocked on the device (a call that waited for the GPU, whose queue still held work
+#: issued before the stretch) and busy on the host (user code running while the device had
+#: caught up, or a CPU run); the rest of it is not explained
 PHASE_DEVICE_WAIT = "device_wait"
 PHASE_HOST_BUSY = "host_busy"
 #: the four phases the step hooks time themselves, in loop order
@@ -152,6 +153,10 @@ METRIC_COMPILE_DURATION = "training.compile.duration"
 METRIC_COMPILE_GRAPH_BREAKS = "training.compile.graph_breaks"
 METRIC_COMPILE_RECOMPILES = "training.compile.recompiles"
 METRIC_CPU_THROTTLED_TIME = "training.cpu.throttled.time"
+#: the time outside every phase by part (sources/gaps.py): ``training.untimed.part`` is
+#: PHASE_DEVICE_WAIT or PHASE_HOST_BUSY (a counter: two series a rank, not two histograms)
+METRIC_UNTIMED_TIME = "training.untimed.time"
+ATTR_UNTIMED_PART = "training.untimed.part"
 METRIC_MFU = "training.mfu"
 METRIC_TELEMETRY_DROPPED = "otel_train.telemetry.dropped"
 #: exceptions otel-train caught on its hook paths so that training goes on (by component)
@@ -354,6 +359,11 @@ _DEFINITIONS = (
     # sources/cgroup.py
     Metric(METRIC_CPU_THROTTLED_TIME, COUNTER, "s",
            "Time this rank's cgroup was CPU-throttled (CFS quota), from cpu.stat."),
+    # sources/gaps.py
+    Metric(METRIC_UNTIMED_TIME, COUNTER, "s",
+           "Time outside every phase, by training.untimed.part: device_wait (the host "
+           "blocked on the device, still running earlier work) and host_busy (the host's own "
+           "work while the device had caught up); the rest of it is not explained."),
     # sources/gpu/mfu.py
     Metric(METRIC_THROUGHPUT_SAMPLES, GAUGE, "{sample}/s",
            "Samples per second over the last step."),
@@ -470,6 +480,8 @@ PROM_PHASE_DURATION = prom(METRIC_PHASE_DURATION)
 PROM_SAMPLES = prom(METRIC_SAMPLES)  # training_samples_total
 PROM_TOKENS = prom(METRIC_TOKENS)
 PROM_TELEMETRY_DROPPED = prom(METRIC_TELEMETRY_DROPPED)
+PROM_UNTIMED_TIME = prom(METRIC_UNTIMED_TIME)  # training_untimed_time_seconds_total
+PROM_UNTIMED_PART_LABEL = prometheus_label(ATTR_UNTIMED_PART)
 PROM_CPU_THROTTLED = prom(METRIC_CPU_THROTTLED_TIME)  # training_cpu_throttled_time_seconds_total
 PROM_RANK_LABEL = prometheus_label(ATTR_RANK)  # training_rank
 PROM_PHASE_LABEL = prometheus_label(ATTR_PHASE)

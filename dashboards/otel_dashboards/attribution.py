@@ -102,40 +102,33 @@ def _breakdown(board: dash.Dashboard) -> None:
             log_scale=True,
         )
     )
-    phase_s = names.PHASE_DURATION + "_sum"
-    step_s = names.STEP + "_sum"
-    per_rank_step = f"sum by ({names.RANK}) ({kit.rate(step_s, s)})"
-    blocked = kit.sel(f'{names.PHASE}="device_wait"')
-    busy = kit.sel(f'{names.PHASE}="host_busy"')
+    per_rank_step = f"sum by ({names.RANK}) ({kit.rate(names.STEP + '_sum', s)})"
+    per_rank_phases = f"sum by ({names.RANK}) ({kit.rate(names.PHASE_DURATION + '_sum', s)})"
+
+    def part(name: str) -> str:
+        selector = kit.sel(f'{names.UNTIMED_PART}="{name}"')
+        return f"sum by ({names.RANK}) ({kit.rate(names.UNTIMED, selector)})"
+
     board.with_panel(
         kit.series(
             "Untimed time per rank: host blocked on the device, host busy, not explained",
-            "The time outside every phase, split (training_phase device_wait and host_busy): "
-            "blocked on the device is a host waiting for its GPU, which was still running "
-            "earlier work (on NCCL, a collective waiting for a late rank; the report names "
-            "that rank and its line), host busy is user code while the device had caught up "
-            "(its line is in the rank_step span's training.gap events), not explained is the "
-            "rest of the step that no phase or part holds. A rank whose host-busy band rises "
-            "while the others' blocked band rises with it is the straggler.",
+            "The time outside every phase, as a share of each rank's step time, split "
+            "(training_untimed_time_seconds_total by training_untimed_part): blocked on the "
+            "device is a host waiting for its GPU, which was still running earlier work (on "
+            "NCCL, a collective waiting for a late rank: the report names that rank and its "
+            "line); host busy is user code while the device had caught up (its line is in "
+            "the rank_step span's training.gap events); not explained is what no phase or "
+            "part holds. A rank whose host-busy band rises while the others' blocked band "
+            "rises with it is the straggler.",
             [
+                kit.prom(f"{part('device_wait')} / {per_rank_step}",
+                         "rank {{" + names.RANK + "}} blocked on device", "A"),
+                kit.prom(f"{part('host_busy')} / {per_rank_step}",
+                         "rank {{" + names.RANK + "}} host busy", "B"),
                 kit.prom(
-                    f"sum by ({names.RANK}) ({kit.rate(phase_s, blocked)})"
-                    f" / {per_rank_step}",
-                    "rank {{" + names.RANK + "}} blocked on device",
-                    "A",
-                ),
-                kit.prom(
-                    f"sum by ({names.RANK}) ({kit.rate(phase_s, busy)})"
-                    f" / {per_rank_step}",
-                    "rank {{" + names.RANK + "}} host busy",
-                    "B",
-                ),
-                kit.prom(
-                    f"clamp_min(1 - sum by ({names.RANK}) ({kit.rate(phase_s, s)})"
-                    f" / {per_rank_step}, 0)",
-                    "rank {{" + names.RANK + "}} not explained",
-                    "C",
-                ),
+                    f"clamp_min(1 - ({per_rank_phases} + ({part('device_wait')} or "
+                    f"{part('host_busy')} * 0) + {part('host_busy')}) / {per_rank_step}, 0)",
+                    "rank {{" + names.RANK + "}} not explained", "C"),
             ],
             unit="percentunit",
             width=24,

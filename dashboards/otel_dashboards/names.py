@@ -50,6 +50,8 @@ MEMORY_RESERVED = _prom(semconv.METRIC_MEMORY_RESERVED)
 COMPILE = _prom(semconv.METRIC_COMPILE_DURATION)  # histogram
 GRAPH_BREAKS = _prom(semconv.METRIC_COMPILE_GRAPH_BREAKS)
 RECOMPILES = _prom(semconv.METRIC_COMPILE_RECOMPILES)
+UNTIMED = _prom(semconv.METRIC_UNTIMED_TIME)  # training_untimed_time_seconds_total
+UNTIMED_PART = semconv.PROM_UNTIMED_PART_LABEL  # training_untimed_part
 CPU_THROTTLED = _prom(semconv.METRIC_CPU_THROTTLED_TIME)  # ..._time_seconds_total
 MFU = _prom(semconv.METRIC_MFU)  # training_mfu_ratio
 DROPPED = _prom(semconv.METRIC_TELEMETRY_DROPPED)  # otel_train_telemetry_dropped_total
@@ -74,6 +76,7 @@ IDENTITY = {
     GRAPH_BREAKS: (REASON,),
     RECOMPILES: (REASON,),
     DROPPED: (SIGNAL,),
+    UNTIMED: (UNTIMED_PART,),
 }
 
 # cAdvisor (kubelet /metrics/cadvisor); its series carry namespace/pod/container, not ranks.

@@ -129,6 +129,10 @@ class GapSource:
         # host was blocked on the device and the part it was busy (else all of it is busy)
         self._on_device = bool(ctx.config.cuda_timing) and training_device(ctx.model) is not None
         self._gpu_ends: list[tuple[int, int]] | None = []  # the previous step's
+        self._untimed = semconv.create(ctx.meter, semconv.METRIC_UNTIMED_TIME)
+        base = {semconv.ATTR_RANK: ctx.identity.rank, semconv.ATTR_RUN_ID: ctx.identity.run_id}
+        self._part_attrs = {part: {**base, semconv.ATTR_UNTIMED_PART: part}
+                            for part in (semconv.PHASE_DEVICE_WAIT, semconv.PHASE_HOST_BUSY)}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         ctx.emitter.before_step(self._on_step)
@@ -237,16 +241,19 @@ class GapSource:
                       blocked: list[int | None]) -> None:
         """The step's time outside the phases, split: blocked on the device, busy on the
         host (each stretch of at least ``MIN_GAP_S``); shorter stretches and those whose
-        device time is not known stay unexplained."""
+        device time is not known stay unexplained. On the rank step's span (beside the
+        phase totals) and in ``training.untimed.time``."""
         device = busy = 0
         for (_, _, g_start, g_end), waited in zip(gaps, blocked):
             if waited is not None:
                 device += waited
                 busy += g_end - g_start - waited
-        totals = info.phase_totals
+        parts = {semconv.PHASE_HOST_BUSY: busy / 1e9}
         if self._on_device:
-            totals[semconv.PHASE_DEVICE_WAIT] = device / 1e9
-        totals[semconv.PHASE_HOST_BUSY] = busy / 1e9
+            parts[semconv.PHASE_DEVICE_WAIT] = device / 1e9
+        for part, seconds in parts.items():
+            info.extra_attributes[semconv.ATTR_PHASE_TOTAL_PREFIX + part] = seconds
+            self._untimed.add(seconds, self._part_attrs[part])
 
     def _segments(self, intervals: list[tuple[str, int, int, int]], start: int, end: int
                   ) -> tuple[list[tuple[str | None, str | None, int, int]],
