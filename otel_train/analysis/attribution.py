@@ -316,6 +316,7 @@ def _explain(slow: SlowStep, table: StepTable, index: int | None, excess: float,
     """What the telemetry says about the blamed rank's time, or why it cannot say."""
     if index is not None and throttled:
         slow.throttled_s = table.throttled[index]
+    slow.missing = missing
     if missing:
         named = ", ".join(map(str, missing))
         seen = (f" (of the ranks seen, rank {slow.rank} {slow.phase.replace('_', ' ')} "

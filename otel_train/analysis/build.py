@@ -9,12 +9,14 @@ from otel_train import semconv as sc
 from otel_train.analysis import arrivals as arr
 from otel_train.analysis import attribution as st
 from otel_train.analysis.device_waits import GpuIntervals
+from otel_train.analysis.fates import rank_fates
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
 from otel_train.analysis.report_model import (
     Bar,
     CollectiveRow,
     CompileSummary,
+    RankFate,
     RankResources,
     Report,
     SlowStep,
@@ -70,6 +72,8 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         collectives=GpuIntervals(traces.arrivals, matching))
     for slow_step in slow:
         slow_step.late_arrival = lateness.get(slow_step.step)
+    fates = rank_fates(world, traces.run_ends, traces.last_steps)
+    _say_failures(slow, fates, lag)
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
     samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
@@ -92,7 +96,22 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         dropped={str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
                  for p in metrics.series(sc.METRIC_TELEMETRY_DROPPED)},
         arrivals=arr.summarise(traces.arrivals, matching, lateness, durations),
+        rank_fates=fates,
     )
+
+
+def _say_failures(slow: list[SlowStep], fates: list[RankFate], lag: st.Straggler) -> None:
+    """A failed rank is no straggler and no mystery: the steps it sent nothing for say how it
+    ended, and it is not named the straggler (its peers' waits for it are its failure)."""
+    if not fates:
+        return
+    by_rank = {f.rank: f for f in fates if f.fate != "stopped"}
+    if lag.rank in by_rank:
+        lag.rank = lag.signal = None
+    for step in slow:
+        failed = [by_rank[r] for r in step.missing if r in by_rank]
+        if failed and len(failed) == len(step.missing):
+            step.unexplained = "; ".join(f.sentence for f in failed)
 
 
 def _wait_shares(metrics: MetricsDigest) -> dict[int, float]:

@@ -63,6 +63,7 @@ def _summary(report: Report) -> str:
     items = [f"{report.world_size} ranks", f"{report.sampled_steps} sampled steps"
              + (f" of {report.trained_steps} trained" if report.trained_steps else ""),
              f"wall {fmt_s(report.wall_s)}"]
+    items.extend(fate.sentence for fate in report.rank_fates)
     if report.missing_ranks:
         items.append(f"ranks that sent no telemetry: {report.missing_ranks}")
     if report.straggler is not None:

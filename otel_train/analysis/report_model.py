@@ -188,6 +188,8 @@ class SlowStep:
     #: where the step's time surfaced on another rank's host (or this rank's, blocked on
     #: its device), and what its device waited for
     device_wait: DeviceWait | None = None
+    #: ranks of the world that sent no telemetry for the step
+    missing: list[int] = field(default_factory=list)
 
     @property
     def cause(self) -> str:
@@ -225,6 +227,44 @@ class SlowStep:
         if self.unexplained:
             text += f"; not explained: {self.unexplained}"
         return text
+
+
+@dataclass
+class RankFate:
+    """A rank whose run did not end well (analysis/fates.py)."""
+
+    rank: int
+    #: "crashed" (the first to fail: raised), "vanished" (killed: no run span, nothing after
+    #: its last step), "failed_after" (raised after another rank failed, e.g. its collective
+    #: lost the peer), "stopped" (stopped by a signal, the launcher's, after one failed)
+    fate: str
+    #: the step it failed or was stopped in (for "vanished": the step after its last one)
+    step: int
+    #: the exception's type and scrubbed message, or the signal
+    error: str | None = None
+    #: its last step with telemetry
+    last_step: int = -1
+    #: the rank whose failure this one followed
+    after: int | None = None
+
+    @property
+    def sentence(self) -> str:
+        error = f": {self.error}" if self.error else ""
+        if self.fate == "crashed":
+            return f"rank {self.rank} crashed in step {self.step}{error}"
+        if self.fate == "vanished" and self.last_step < 0:
+            return (f"rank {self.rank} vanished: no telemetry from it at all while the others "
+                    "failed; killed before its first export, or its instrumentation did not "
+                    "start (see its stderr)")
+        if self.fate == "vanished":
+            after = f" (after rank {self.after} failed)" if self.after is not None else ""
+            return (f"rank {self.rank} vanished: no telemetry after step {self.last_step}"
+                    f"{after}; killed (SIGKILL, out of memory) or its host lost")
+        if self.fate == "failed_after":
+            return (f"rank {self.rank} failed in step {self.step} after rank {self.after} "
+                    f"did{error}")
+        return (f"rank {self.rank} stopped in step {self.step} by the launcher after rank "
+                f"{self.after} failed{f' ({self.error})' if self.error else ''}")
 
 
 @dataclass
@@ -315,6 +355,8 @@ class Report:
     tokens_per_s: float | None
     dropped: dict[str, float]
     arrivals: Arrivals = field(default_factory=Arrivals)
+    #: ranks whose run did not end well, the first to fail first (analysis/fates.py)
+    rank_fates: list[RankFate] = field(default_factory=list)
 
     @property
     def missing_ranks(self) -> list[int]:

@@ -13,6 +13,7 @@ import io
 from collections.abc import Sequence
 
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
@@ -121,6 +122,8 @@ def _header(report: Report) -> str:
     trained = f" of {report.trained_steps} trained" if report.trained_steps else ""
     lines = [f"[bold]run {report.run_id}[/]: {report.world_size} ranks, "
              f"{report.sampled_steps} sampled steps{trained}, wall {fmt_s(report.wall_s)}"]
+    for fate in report.rank_fates:
+        lines.append(f"[bold red]{escape(fate.sentence)}[/]")
     if report.missing_ranks:
         lines.append(f"[bold red]ranks that sent no telemetry: {report.missing_ranks}[/] "
                      f"(of {report.world_size}; their instrumentation did not start or "

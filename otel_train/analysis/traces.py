@@ -263,6 +263,10 @@ class TraceDigest:
     #: each collective's arrival, to match it across ranks (arrivals.py)
     arrivals: ArrivalRows = field(default_factory=ArrivalRows)
     run_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank: (start, end)
+    #: rank: (training.status, status message, steps, end ns) of its train.run span
+    run_ends: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
+    #: rank: (step, end ns) of its last train.rank_step
+    last_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
     run_ids: set[str] = field(default_factory=set)
     world_size: int = 0
     #: pass one's files and where each trace's spans are in them (pass two reads only those)
@@ -278,6 +282,9 @@ class TraceDigest:
         end_ns = int(raw.get("endTimeUnixNano", 0))
         if name == sc.SPAN_RANK_STEP:
             self._add_rank_step(raw, resource, (end_ns - start_ns) / 1e9)
+            rank, step = self.table.ranks[-1], self.table.steps[-1]
+            if step >= self.last_steps.get(rank, (-1, 0))[0]:
+                self.last_steps[rank] = (step, end_ns)
         else:
             self._add_other(name, raw, resource, start_ns, end_ns)
         run_id = resource.get(sc.RES_RUN_ID)
@@ -309,6 +316,9 @@ class TraceDigest:
         elif name == sc.SPAN_RUN:
             rank = int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0)))
             self.run_spans[rank] = (start_ns, end_ns)
+            self.run_ends[rank] = (str(attribute(attrs, sc.ATTR_STATUS, "ok")),
+                                   str((raw.get("status") or {}).get("message", "")),
+                                   int(attribute(attrs, sc.ATTR_STEPS, 0)), end_ns)
 
     def merge(self, other: TraceDigest) -> None:
         """Take in the digest of the next files: the same as reading them after these."""
@@ -321,6 +331,10 @@ class TraceDigest:
         self.compiles.merge(other.compiles)
         self.arrivals.merge(other.arrivals)
         self.run_spans.update(other.run_spans)
+        self.run_ends.update(other.run_ends)
+        for rank, last in other.last_steps.items():
+            if last[0] >= self.last_steps.get(rank, (-1, 0))[0]:
+                self.last_steps[rank] = last
         self.run_ids |= other.run_ids
         self.world_size = max(self.world_size, other.world_size)
         for trace_id, where in other.lines.items():

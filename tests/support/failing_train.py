@@ -1,0 +1,41 @@
+"""A user's torchrun script (gloo, DDP, instrumented) in which one rank fails mid-run.
+
+FAIL=raise: rank FAIL_RANK raises at step FAIL_STEP (a message holding a token, which must
+come out scrubbed); FAIL=kill: it SIGKILLs itself there (no cleanup, no run span), 1.5 s
+after reaching it so that its first steps were exported (the emitter drains every second). The other
+ranks then lose it in their next collective, or are stopped by torchrun.
+"""
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import otel_train
+from support import training
+
+FAIL = os.environ.get("FAIL", "raise")
+FAIL_RANK = int(os.environ.get("FAIL_RANK", "1"))
+FAIL_STEP = int(os.environ.get("FAIL_STEP", "5"))
+SECRET = "hf_Zx81abcdefghijklmnopqrst"
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    rank = dist.get_rank()
+    model, opt, loader = training.setup(batches=12)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    with otel_train.instrument(ddp, optimizer=opt, output_dir=sys.argv[1], run_id="fates"):
+        for step, (x, y) in enumerate(loader):
+            if rank == FAIL_RANK and step == FAIL_STEP:
+                if FAIL == "kill":  # after its first steps were exported, as in a long run
+                    time.sleep(1.5)
+                    os.kill(os.getpid(), signal.SIGKILL)
+                raise RuntimeError(f"loss is NaN (hub token {SECRET})")
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    dist.destroy_process_group()
