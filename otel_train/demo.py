@@ -191,53 +191,30 @@ def _progress(rank: int, total: int) -> Any:
 # --- summary -----------------------------------------------------------------------------
 
 
-def _attrs(span: dict[str, Any]) -> dict[str, Any]:
-    out = {}
-    for kv in span.get("attributes", []):
-        value = kv["value"]
-        out[kv["key"]] = next(iter(value.values())) if value else None
-    return out
-
-
-def summarize(run_dir: Path) -> dict[int, dict[str, float]]:
-    """Mean seconds per phase (and per step) for each rank, from the rank_step spans."""
-    sums: dict[int, dict[str, float]] = {}
-    counts: dict[int, int] = {}
-    for path in sorted(run_dir.glob(semconv.TRACES_GLOB)):
-        for line in path.open():
-            for rs in json.loads(line).get("resourceSpans", []):
-                for ss in rs.get("scopeSpans", []):
-                    for span in ss.get("spans", []):
-                        if span["name"] != semconv.SPAN_RANK_STEP:
-                            continue
-                        attrs = _attrs(span)
-                        rank = int(attrs[semconv.ATTR_RANK])
-                        row = sums.setdefault(rank, {})
-                        counts[rank] = counts.get(rank, 0) + 1
-                        row["step"] = row.get("step", 0.0) + float(
-                            attrs[semconv.ATTR_STEP_DURATION])
-                        for key, value in attrs.items():
-                            if key.startswith(semconv.ATTR_PHASE_TOTAL_PREFIX):
-                                phase = key[len(semconv.ATTR_PHASE_TOTAL_PREFIX):]
-                                row[phase] = row.get(phase, 0.0) + float(value)
-    return {rank: {k: v / counts[rank] for k, v in row.items()} for rank, row in sums.items()}
-
-
 def print_summary(run_dir: Path) -> None:
+    """The steady state per rank (the report's rows: warm-up and compile steps apart), and
+    the warm-up steps on a line of their own."""
     from rich.console import Console
     from rich.table import Table
 
-    means = summarize(run_dir)
-    phases = [p for p in semconv.TIMED_PHASES if any(p in row for row in means.values())]
-    table = Table(title=f"Mean time per step (ms), run {run_dir.name}")
+    from otel_train.analysis.build import build_report
+    from otel_train.analysis.terminal import warmup_lines
+
+    report = build_report(run_dir, top=0, timelines=0)
+    phases = [p for p in semconv.TIMED_PHASES if p in report.phases]
+    table = Table(title=f"Mean time per step (ms), steady state, run {run_dir.name}")
     for column in ["rank", "step", *phases, "other"]:
         table.add_column(column, justify="right")
-    for rank in sorted(means):
-        row = means[rank]
-        other = row["step"] - sum(row.get(p, 0.0) for p in phases)
-        table.add_row(str(rank), *(f"{row.get(c, 0.0) * 1e3:.1f}" for c in ["step", *phases]),
+    for row in report.rank_rows:
+        step = sum(row.phase_mean_s.values())
+        other = step - sum(row.phase_mean_s.get(p, 0.0) for p in phases)
+        table.add_row(str(row.rank), f"{step * 1e3:.1f}",
+                      *(f"{row.phase_mean_s.get(p, 0.0) * 1e3:.1f}" for p in phases),
                       f"{other * 1e3:.1f}")
-    Console(stderr=False).print(table)
+    console = Console(stderr=False)
+    console.print(table)
+    for line in warmup_lines(report):
+        console.print(line, markup=False)
 
 
 # --- command -----------------------------------------------------------------------------

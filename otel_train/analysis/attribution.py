@@ -51,6 +51,26 @@ def rows_by_rank(table: StepTable) -> dict[int, list[int]]:
     return dict(sorted(rows.items()))
 
 
+def warmup_steps(table: StepTable) -> set[int]:
+    """The run's warm-up and compile steps: its first step (DataLoader workers starting,
+    communicators made, the first compile) and every step in which a rank compiled. They are
+    shown apart: a mean that carries a 3 s first step says nothing of the steady state."""
+    if not len(table):
+        return set()
+    compiled = table.phases[sc.PHASE_COMPILE]
+    return {min(table.steps)} | {table.steps[i] for i in range(len(table)) if compiled[i] > 0}
+
+
+def steady_rows(table: StepTable, by_rank: dict[int, list[int]], warm: set[int]
+                ) -> dict[int, list[int]]:
+    """Each rank's rows outside ``warm`` (all of them where that leaves none)."""
+    out = {}
+    for rank, rows in by_rank.items():
+        steady = [i for i in rows if table.steps[i] not in warm]
+        out[rank] = steady or rows
+    return out
+
+
 def rank_breakdowns(table: StepTable, by_rank: dict[int, list[int]]) -> list[RankBreakdown]:
     table.pad()
     out = []

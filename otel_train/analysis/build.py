@@ -51,9 +51,13 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     finally:
         traces = reading()  # never leaves the workers behind
     table = traces.table
-    by_rank = st.rows_by_rank(table)
+    all_rows = st.rows_by_rank(table)
+    warm = st.warmup_steps(table)
+    by_rank = st.steady_rows(table, all_rows, warm)  # the steady state leads
     durations = st.step_durations(table, traces.step_spans)
+    warm_durations = {s: d for s, d in durations.items() if s in warm}
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
+    slowest += sorted(set(warm_durations) - set(slowest))
     reading_steps = _start_spans_by_step(run_dir, traces, slowest, run_id, workers)
     try:  # what needs no span of pass two, while the workers read them
         lag = st.straggler(table, by_rank, _wait_shares(metrics))
@@ -66,14 +70,22 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     finally:
         spans = reading_steps()
     world = traces.world_size or len(by_rank)
-    slow = st.slow_steps(table, durations, top, lambda step, phase: _phase_starts(
-        spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
-        set(range(world)) | set(by_rank), late_of_step=arr.late_of_step(lateness, durations),
-        collectives=GpuIntervals(traces.arrivals, matching))
-    for slow_step in slow:
+    gpu = GpuIntervals(traces.arrivals, matching)
+
+    def blamed(steps: dict[int, float], n: int) -> list[SlowStep]:
+        return st.slow_steps(table, steps, n, lambda step, phase: _phase_starts(
+            spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
+            set(range(world)) | set(by_rank),
+            late_of_step=arr.late_of_step(lateness, durations), collectives=gpu)
+
+    slow = blamed(durations, top)  # every step: a first compile can be the slowest
+    warmup = blamed(warm_durations, len(warm_durations)) if warm_durations else []
+    warmup.sort(key=lambda s: s.step)
+    for slow_step in slow + warmup:
         slow_step.late_arrival = lateness.get(slow_step.step)
+        slow_step.warmup = slow_step.step in warm
     fates = rank_fates(world, traces.run_ends, traces.last_steps)
-    _say_failures(slow, fates, lag)
+    _say_failures(slow + warmup, fates, lag)
     used = [p for p in PHASES if any(table.phases[p])]
     wall = _wall_s(traces, metrics)
     samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
@@ -96,7 +108,8 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         dropped={str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
                  for p in metrics.series(sc.METRIC_TELEMETRY_DROPPED)},
         arrivals=arr.summarise(traces.arrivals, matching, lateness, durations),
-        rank_fates=fates,
+        rank_fates=fates, warmup_steps=warmup,
+        steady_steps=len(set(durations) - warm) or len(durations),
     )
 
 

@@ -15,6 +15,7 @@ from otel_train.analysis.terminal import (
     late_rows,
     phase_columns,
     straggler_lines,
+    warmup_lines,
 )
 
 CSS = """
@@ -49,7 +50,7 @@ def render_html(report: Report) -> str:
         parts += [f"<h3>step {timeline.step}: {fmt_s(timeline.duration_s)}</h3>",
                   svg.gantt(timeline)]
     parts += ["<h2>Step time per rank</h2>", svg.distributions(report),
-              "<h2>Mean phase time per rank</h2>", svg.phase_shares(report),
+              "<h2>Mean phase time per rank, steady state</h2>", svg.phase_shares(report),
               _untimed_split(report),
               "<h2>Breakdown over time</h2>", svg.over_time(report),
               "<h2>Collectives</h2>", _collectives(report), _late_table(report),
@@ -64,6 +65,7 @@ def _summary(report: Report) -> str:
              + (f" of {report.trained_steps} trained" if report.trained_steps else ""),
              f"wall {fmt_s(report.wall_s)}"]
     items.extend(fate.sentence for fate in report.rank_fates)
+    items.extend(warmup_lines(report))
     if report.missing_ranks:
         items.append(f"ranks that sent no telemetry: {report.missing_ranks}")
     if report.straggler is not None:

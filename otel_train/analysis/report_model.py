@@ -190,6 +190,8 @@ class SlowStep:
     device_wait: DeviceWait | None = None
     #: ranks of the world that sent no telemetry for the step
     missing: list[int] = field(default_factory=list)
+    #: a warm-up or compile step (the run's first, or one with compile time)
+    warmup: bool = False
 
     @property
     def cause(self) -> str:
@@ -197,6 +199,8 @@ class SlowStep:
         if self.phase == "device_wait" and wait is not None:
             text = f"step {self.step}: {wait.sentence}, {self.share:.0%} of step"
             return text + (f"; not explained: {self.unexplained}" if self.unexplained else "")
+        if self.warmup:
+            return dataclasses.replace(self, warmup=False).cause + " (warm-up)"
         if self.unexplained and not self.segment:  # no phase named by default
             text = f"step {self.step}: not explained: {self.unexplained}"
             return text + (f"; {wait.sentence}" if wait is not None else "")
@@ -357,6 +361,12 @@ class Report:
     arrivals: Arrivals = field(default_factory=Arrivals)
     #: ranks whose run did not end well, the first to fail first (analysis/fates.py)
     rank_fates: list[RankFate] = field(default_factory=list)
+    #: the warm-up and compile steps (the first step, any step with compile time), each
+    #: with its cause, shown apart; the per-rank rows and the straggler are the steady
+    #: state's (``steady_steps`` sampled steps); ``slow_steps`` ranks every step, a
+    #: warm-up one flagged (``warmup``)
+    warmup_steps: list[SlowStep] = field(default_factory=list)
+    steady_steps: int = 0
 
     @property
     def missing_ranks(self) -> list[int]:
@@ -367,6 +377,7 @@ class Report:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["missing_ranks"] = self.missing_ranks
-        for row, slow in zip(data["slow_steps"], self.slow_steps, strict=True):
-            row["cause"] = slow.cause
+        for key in ("slow_steps", "warmup_steps"):
+            for row, slow in zip(data[key], getattr(self, key), strict=True):
+                row["cause"] = slow.cause
         return data

@@ -128,6 +128,7 @@ def _header(report: Report) -> str:
         lines.append(f"[bold red]ranks that sent no telemetry: {report.missing_ranks}[/] "
                      f"(of {report.world_size}; their instrumentation did not start or "
                      "their export failed: see their stderr)")
+    lines.extend(warmup_lines(report))
     lines.extend(straggler_lines(report, bold=True))
     lines.extend(arrival_lines(report, bold=True))
     if report.samples_per_s:
@@ -136,7 +137,22 @@ def _header(report: Report) -> str:
     return "\n".join(lines)
 
 
-PHASE_TITLE = "Where the step time went, per rank: mean ms per sampled step, share"
+PHASE_TITLE = ("Where the step time went, per rank, in the steady state: mean ms per "
+               "sampled step, share")
+
+
+def warmup_lines(report: Report) -> list[str]:
+    """The warm-up and compile steps, apart from the steady state the tables show."""
+    if not report.warmup_steps:
+        return []
+    parts = []
+    for slow in report.warmup_steps:
+        where = slow.segment or slow.phase.replace("_", " ")
+        parts.append(f"step {slow.step} {fmt_s(slow.duration_s)} (rank {slow.rank} {where} "
+                     f"{fmt_s(slow.phase_s)})" if slow.rank >= 0 else
+                     f"step {slow.step} {fmt_s(slow.duration_s)}")
+    return [f"warm-up and compile steps, apart from the steady state below "
+            f"({report.steady_steps} steps): " + "; ".join(parts)]
 
 
 def _phase_table(report: Report) -> Table:

@@ -66,6 +66,12 @@ def test_first_compile_is_the_slowest_step(report) -> None:
     assert (first.step, first.phase) == (0, sc.PHASE_COMPILE)
 
 
+def test_the_first_compile_step_is_shown_apart_with_its_cause(report) -> None:
+    first = report.warmup_steps[0]
+    assert (first.step, first.phase, first.warmup) == (0, sc.PHASE_COMPILE, True)
+    assert report.slow_steps[0].cause.endswith(" (warm-up)")
+
+
 def test_data_wait_spikes_are_blamed_on_the_straggler(report) -> None:
     blamed = {s.step: s for s in report.slow_steps if s.phase == sc.PHASE_DATA_WAIT}
     assert set(blamed) == set(SPEC.spike_steps)
@@ -84,6 +90,7 @@ def test_cause_reads_as_one_line(report) -> None:
 def test_recompile_step_is_blamed_on_compile(report) -> None:
     recompile = next(s for s in report.slow_steps if s.step == SPEC.recompile_step)
     assert recompile.phase == sc.PHASE_COMPILE
+    assert SPEC.recompile_step in [s.step for s in report.warmup_steps]
 
 
 def test_straggler_is_the_rank_with_the_most_own_work(report) -> None:
@@ -93,7 +100,9 @@ def test_straggler_is_the_rank_with_the_most_own_work(report) -> None:
 
 def test_per_rank_breakdown_covers_every_rank_and_phase(report) -> None:
     assert [r.rank for r in report.rank_rows] == list(range(SPEC.ranks))
-    assert all(r.steps == SPEC.steps for r in report.rank_rows)
+    # the steady state's steps: the first and the recompile step are shown apart
+    assert report.steady_steps == SPEC.steps - 2 == SPEC.steps - len(report.warmup_steps)
+    assert all(r.steps == report.steady_steps for r in report.rank_rows)
     assert set(report.phases) == {*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE}
     waits = {r.rank: r.phase_mean_s[sc.PHASE_DATA_WAIT] for r in report.rank_rows}
     assert max(waits, key=waits.get) == SPEC.straggler_rank

@@ -34,7 +34,9 @@ def report(run_dir: Path):
 def test_every_rank_and_step_is_reported(report) -> None:
     assert report.world_size == 2 and report.ranks == [0, 1]
     assert report.sampled_steps == STEPS and report.trained_steps == STEPS
-    assert all(row.steps == STEPS for row in report.rank_rows)
+    # the steady state's steps in the rows: the first step is shown apart
+    assert [w.step for w in report.warmup_steps] == [0]
+    assert all(row.steps == STEPS - 1 for row in report.rank_rows)
     assert set(sc.TIMED_PHASES) <= set(report.phases)
 
 
