@@ -151,7 +151,7 @@ def warmup_lines(report: Report) -> list[str]:
         parts.append(f"step {slow.step} {fmt_s(slow.duration_s)} (rank {slow.rank} {where} "
                      f"{fmt_s(slow.phase_s)})" if slow.rank >= 0 else
                      f"step {slow.step} {fmt_s(slow.duration_s)}")
-    return [f"warm-up and compile steps, apart from the steady state below "
+    return [f"warm-up and compile steps, apart from the steady state "
             f"({report.steady_steps} steps): " + "; ".join(parts)]
 
 
