@@ -26,6 +26,8 @@ from typing import Any, TypeVar
 from otel_train import semconv
 from otel_train.analysis.parallel import start_chunks
 
+T = TypeVar("T")
+
 
 def decode_value(value: dict[str, Any]) -> Any:
     """The Python value of one OTLP ``AnyValue`` (ints arrive as strings in OTLP JSON)."""
@@ -235,8 +237,6 @@ def line_number(path: Path, offset: int) -> int:
 
 
 # --- the lines of a file, each one export request -------------------------------------------
-
-T = TypeVar("T")
 
 
 def _lines(path: Path, decode: Callable[[dict[str, Any]], list[T]], damage: Damage | None,
