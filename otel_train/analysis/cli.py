@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from otel_train.analysis.build import build_report
+from otel_train.analysis.otlp import DamagedFileWarning, no_such_run, resolve_run_dir
 from otel_train.analysis.terminal import render_terminal
 
 
@@ -31,10 +36,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        report = build_report(args.run, top=args.top, timelines=args.timelines,
-                              run_id=args.run_id)
+        run_dir = resolve_run_dir(args.run, args.run_id)
+        with damage_on_stderr():
+            report = build_report(run_dir, top=args.top, timelines=args.timelines,
+                                  run_id=args.run_id)
     except FileNotFoundError as err:
         print(f"otel-train report: {err}", file=sys.stderr)
+        return 2
+    if not report.ranks and report.trained_steps is None:  # not a report of an empty run
+        nothing = (no_such_run(run_dir, args.run_id) if args.run_id else
+                   f"{run_dir}: its files hold no telemetry that could be read")
+        print(f"otel-train report: {nothing}", file=sys.stderr)
         return 2
     if args.html:
         from otel_train.analysis.html import render_html
@@ -48,3 +60,22 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             print(f"wrote {args.html}")
     return 0
+
+
+@contextlib.contextmanager
+def damage_on_stderr() -> Iterator[None]:
+    """Each damaged file the readers warn of as one line on stderr, every time (the worker
+    processes reading the traces are forked inside, so they print the same way)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", DamagedFileWarning)
+        shown = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], *args: Any,
+                 **kwargs: Any) -> None:
+            if issubclass(category, DamagedFileWarning):
+                print(f"otel-train report: warning: {message}", file=sys.stderr)
+            else:
+                shown(message, category, *args, **kwargs)
+
+        warnings.showwarning = show
+        yield

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from otel_train import semconv as sc
-from otel_train.analysis.otlp import MetricPoint, iter_metric_points, signal_files
+from otel_train.analysis.otlp import Damage, MetricPoint, iter_metric_points, signal_files
 
 SeriesKey = tuple[str, int | None, tuple[tuple[str, str], ...]]
 
@@ -68,8 +68,11 @@ class MetricsDigest:
         return (max(ends) - min(starts)) / 1e9 if starts and ends else 0.0
 
 
-def read_metrics(run_dir: Path, run_id: str | None = None) -> MetricsDigest:
+def read_metrics(run_dir: Path, run_id: str | None = None,
+                 damage: Damage | None = None) -> MetricsDigest:
+    """The digest of ``run_dir``'s metrics files, run ``run_id``'s; damaged lines are
+    counted in ``damage`` (else warned: :class:`~otel_train.analysis.otlp.Damage`)."""
     digest = MetricsDigest()
-    for point in iter_metric_points(signal_files(run_dir, sc.METRICS_GLOB), run_id):
+    for point in iter_metric_points(signal_files(run_dir, sc.METRICS_GLOB), run_id, damage):
         digest.add(point)
     return digest

@@ -4,6 +4,11 @@ collector file exporter's output read the same.
 Every line of a ``traces*.jsonl``, ``metrics*.jsonl`` or ``logs*.jsonl`` file is one OTLP
 export request. The readers here yield one flat record at a time and never hold more than
 one line, so memory stays bounded however long the run was.
+
+A line that is not one whole, well-typed request (torn by a killed writer, not UTF-8, not
+JSON, a field of the wrong type) damages only itself: the readers count it and name it
+(:class:`Damage`, or a :class:`DamagedFileWarning` per file where the caller passes none),
+keep the whole requests a torn line still holds, and read on.
 """
 
 from __future__ import annotations
@@ -12,13 +17,16 @@ import contextlib
 import gc
 import json
 import re
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from otel_train import semconv
 from otel_train.analysis.parallel import start_chunks
+
+T = TypeVar("T")
 
 
 def decode_value(value: dict[str, Any]) -> Any:
@@ -30,7 +38,10 @@ def decode_value(value: dict[str, Any]) -> Any:
     if "doubleValue" in value:
         return float(value["doubleValue"])
     if "boolValue" in value:
-        return bool(value["boolValue"])
+        flag = value["boolValue"]
+        if flag is True or flag is False:
+            return flag
+        raise TypeError(f"boolValue {flag!r} is not true or false")  # bool("false") is True
     if "arrayValue" in value:
         return [decode_value(v) for v in value["arrayValue"].get("values", [])]
     if "kvlistValue" in value:
@@ -91,33 +102,242 @@ def signal_files(run_dir: Path, pattern: str) -> list[Path]:
     return sorted(Path(run_dir).glob(pattern))
 
 
-def iter_requests(paths: Iterable[Path]) -> Iterator[dict[str, Any]]:
-    """One decoded export request per line. A writer killed mid-line leaves a torn line, and
-    a restarted collector (appending) may go on writing on it: what parses whole is kept."""
-    for path in paths:
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                if line.strip():
-                    yield from _decode_line(line)
+# --- damaged lines: counted, named, and the rest read ---------------------------------------
+
+#: what decoding a line of the wrong shape raises (JSONDecodeError and UnicodeDecodeError are
+#: ValueErrors): a damaged line, never a traceback
+DAMAGE_ERRORS = (ValueError, TypeError, LookupError, AttributeError, ArithmeticError,
+                 RecursionError)
+#: damaged lines of a file named in its message (the others are counted)
+NAMED_LINES = 3
 
 
-def _decode_line(line: str) -> Iterator[dict[str, Any]]:
-    try:
-        yield json.loads(line)
+class DamagedFileWarning(UserWarning):
+    """Lines of a telemetry file that could not be read whole; the rest was read."""
+
+
+@dataclass
+class FileDamage:
+    """The damaged lines of one file: how many, the first few by number and what was wrong,
+    and whether the file is truncated (its last line ends mid-request, without a newline)."""
+
+    path: Path
+    lines: int = 0
+    named: list[tuple[int, str]] = field(default_factory=list)
+    truncated_at: int | None = None
+
+    def add(self, number: int, reason: str) -> None:
+        self.lines += 1
+        if len(self.named) < NAMED_LINES:
+            self.named.append((number, reason))
+
+    def truncate(self, number: int) -> None:
+        """The last line, ``number``, ends mid-request."""
+        self.lines += 1
+        self.truncated_at = number
+
+    def merge(self, other: FileDamage) -> None:
+        self.lines += other.lines
+        self.named = sorted(self.named + other.named)[:NAMED_LINES]
+        if other.truncated_at is not None:
+            self.truncated_at = other.truncated_at
+
+    def message(self) -> str:
+        """``traces.rank-0.jsonl: 2 damaged lines (line 5: torn; line 9: not JSON) ...``."""
+        parts = []
+        others = self.lines - (self.truncated_at is not None)
+        if others:
+            named = "; ".join(f"line {n}: {reason}" for n, reason in self.named)
+            more = f"; +{others - len(self.named)} more" if others > len(self.named) else ""
+            parts.append(f"{others} damaged line{'s' if others > 1 else ''} ({named}{more}), "
+                         "the other lines read")
+        if self.truncated_at is not None:
+            parts.append(f"truncated: its last line, line {self.truncated_at}, ends mid-request "
+                         "(its writer was killed while writing it, or is still writing it), "
+                         "the lines before it read")
+        return f"{self.path}: " + "; ".join(parts)
+
+
+@dataclass
+class Damage:
+    """The damaged lines the readers found, by file in reading order. A caller that reports
+    them itself passes one to the readers; without one, each reader warns
+    (:class:`DamagedFileWarning`) once per damaged file it read."""
+
+    files: dict[Path, FileDamage] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.files)
+
+    @property
+    def lines(self) -> int:
+        return sum(f.lines for f in self.files.values())
+
+    def add_file(self, found: FileDamage) -> None:
+        known = self.files.get(found.path)
+        if known is None:
+            self.files[found.path] = found
+        else:
+            known.merge(found)
+
+    def add(self, path: Path, number: int, reason: str) -> None:
+        found = FileDamage(path)
+        found.add(number, reason)
+        self.add_file(found)
+
+    def merge(self, other: Damage) -> None:
+        for found in other.files.values():
+            self.add_file(found)
+
+    def messages(self) -> list[str]:
+        return [found.message() for found in self.files.values()]
+
+
+def _settle(found: FileDamage, damage: Damage | None) -> None:
+    """One file read: its damage to the caller's ``damage``, else a warning."""
+    if not found.lines:
         return
-    except json.JSONDecodeError:
-        pass
-    decoder = json.JSONDecoder()
-    for match in _REQUEST_START.finditer(line):
+    if damage is None:
+        warnings.warn(found.message(), DamagedFileWarning, stacklevel=3)
+    else:
+        damage.add_file(found)
+
+
+@contextlib.contextmanager
+def skip_damaged(path: Path, offset: int, damage: Damage | None = None) -> Iterator[None]:
+    """Around the use of one line's requests (its byte ``offset`` in ``path``, as
+    :func:`iter_span_batches` yields it): a field of the wrong type found there damages
+    that line, counted in ``damage`` (else warned), and ends the block without a traceback.
+    What the block changed before the error stays changed: build into a fresh part, and
+    merge it as the block's last statement."""
+    try:
+        yield
+    except DAMAGE_ERRORS as err:
+        found = FileDamage(path)
+        found.add(line_number(path, offset), wrong_type(err))
+        _settle(found, damage)
+
+
+def wrong_type(err: BaseException) -> str:
+    return f"a field of the wrong type ({type(err).__name__}: {err})"
+
+
+def line_number(path: Path, offset: int) -> int:
+    """The number of the line at byte ``offset`` of ``path`` (only where one is damaged: it
+    reads the file up to there)."""
+    number = 1
+    with open(path, "rb") as handle:
+        while offset > 0:
+            block = handle.read(min(offset, 1 << 20))
+            if not block:
+                break
+            number += block.count(b"\n")
+            offset -= len(block)
+    return number
+
+
+# --- the lines of a file, each one export request -------------------------------------------
+
+
+def _lines(path: Path, decode: Callable[[dict[str, Any]], list[T]], damage: Damage | None,
+           needles: tuple[bytes, ...] | None = None) -> Iterator[tuple[int, int, list[T]]]:
+    """(line number, byte offset, items) of each line of ``path`` that holds some: ``decode``
+    turns one export request into items (a field of the wrong type raises). A line that is
+    not one whole request is damaged: counted in ``damage`` (else warned), the whole
+    requests on it kept (a restarted writer appends on the line its killed one tore).
+    ``needles``: lines holding none of these bytes are not parsed."""
+    found = FileDamage(path)
+    offset = 0
+    with open(path, "rb") as lines:
+        for number, line in enumerate(lines, 1):
+            at = offset
+            offset += len(line)
+            if needles is not None and not any(needle in line for needle in needles):
+                continue
+            items = _line_items(line, number, decode, found)
+            if items:
+                yield number, at, items
+    _settle(found, damage)
+
+
+def _line_items(line: bytes, number: int, decode: Callable[[dict[str, Any]], list[T]],
+                found: FileDamage) -> list[T]:
+    """The items of line ``number``; its damage, if any, counted in ``found``."""
+    try:  # bytes: json decodes them as UTF-8, so invalid bytes damage this line only
+        request = json.loads(line)
+    except ValueError:
+        return _salvage(line, number, decode, found)
+    return _decoded(request, number, decode, found)
+
+
+def _decoded(request: Any, number: int, decode: Callable[[dict[str, Any]], list[T]],
+             found: FileDamage) -> list[T]:
+    if type(request) is not dict:
+        found.add(number, f"not an export request (a JSON {type(request).__name__})")
+        return []
+    try:
+        return decode(request)
+    except DAMAGE_ERRORS as err:
+        found.add(number, wrong_type(err))
+        return []
+
+
+def _salvage(line: bytes, number: int, decode: Callable[[dict[str, Any]], list[T]],
+             found: FileDamage) -> list[T]:
+    """The items of the whole requests on a line that does not parse as one (none of a
+    blank line, which is no damage)."""
+    if not line.strip():
+        return []
+    try:
+        text, utf8 = line.decode("utf-8"), True
+    except UnicodeDecodeError as err:
+        text = line.decode("utf-8", errors="replace")
+        utf8 = err.reason == "unexpected end of data"  # cut inside a character: torn
+    items: list[T] = []
+    kept = 0
+    for request in _whole_requests(text):
         try:
-            request, end = decoder.raw_decode(line, match.start())
-        except json.JSONDecodeError:
+            items += decode(request)
+        except DAMAGE_ERRORS:
             continue
-        if not line[end:].strip() or _REQUEST_START.match(line, end):
+        kept += 1
+    if not line.endswith(b"\n") and text.lstrip().startswith("{") and utf8:
+        found.truncate(number)
+        return items
+    reason = "not UTF-8" if not utf8 else "torn" if _REQUEST_START.search(text) else "not JSON"
+    if kept:
+        reason += f", {kept} whole request{'s' if kept > 1 else ''} on it read"
+    found.add(number, reason)
+    return items
+
+
+def _whole_requests(text: str) -> Iterator[dict[str, Any]]:
+    """The requests of a torn line that parse whole: each ends the line or is followed by
+    the start of the next."""
+    decoder = json.JSONDecoder()
+    for match in _REQUEST_START.finditer(text):
+        try:
+            request, end = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if not text[end:].strip() or _REQUEST_START.match(text, end):
             yield request
 
 
 _REQUEST_START = re.compile(r'\{"resource(?:Spans|Metrics|Logs)"')
+
+
+def _whole(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [request]
+
+
+def iter_requests(paths: Iterable[Path], damage: Damage | None = None
+                  ) -> Iterator[dict[str, Any]]:
+    """One decoded export request per line; damaged lines counted in ``damage`` (else
+    warned), the whole requests on a torn line kept."""
+    for path in paths:
+        for _, _, requests in _lines(path, _whole, damage):
+            yield from requests
 
 
 def _resources(request: dict[str, Any], key: str, run_id: str | None
@@ -152,33 +372,46 @@ LineIndex = dict[str, list[tuple[int, int]]]
 
 def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
                line_filter: tuple[str, ...] | None = None,
-               run_id: str | None = None) -> Iterator[Span]:
+               run_id: str | None = None, damage: Damage | None = None) -> Iterator[Span]:
     """Spans of the given files; ``names`` keeps only those names (attributes of the others
     are never decoded); ``line_filter`` skips lines that contain none of those strings;
-    ``run_id`` keeps only that run's resources (a collector's files hold every run)."""
-    for request in _filtered_requests(paths, line_filter):
-        for raw, resource in _raw_spans(request, run_id):
-            if names is None or raw.get("name") in names:
-                yield _span(raw, resource)
+    ``run_id`` keeps only that run's resources (a collector's files hold every run);
+    damaged lines are counted in ``damage`` (else warned)."""
+    needles = None if line_filter is None else tuple(n.encode() for n in line_filter)
+
+    def decode(request: dict[str, Any]) -> list[Span]:
+        return [_span(raw, resource) for raw, resource in _raw_spans(request, run_id)
+                if names is None or raw.get("name") in names]
+
+    for path in paths:
+        for _, _, spans in _lines(path, decode, damage, needles):
+            yield from spans
 
 
-def iter_span_batches(path: Path, run_id: str | None = None
+def iter_span_batches(path: Path, run_id: str | None = None, damage: Damage | None = None
                       ) -> Iterator[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
     """(byte offset of its line, decoded resource attributes, raw spans as in the file) of
     every scope's spans in one file, run ``run_id``'s: for the passes over every span,
     which build no :class:`Span` and decode only what they read (a loop over a batch costs
     far less per span than a generator yielding each); the offsets let a later pass read a
-    trace's lines only (:func:`spans_at`)."""
-    offset = 0
-    with open(path, "rb") as lines:
-        for line in lines:
-            at, offset = offset, offset + len(line)
-            if not line.strip():
-                continue
-            for request in _decode_line(line.decode("utf-8", errors="replace")):
-                for resource, resource_spans in _resources(request, "resourceSpans", run_id):
-                    for scope_spans in resource_spans.get("scopeSpans", ()):
-                        yield at, resource, scope_spans.get("spans", ())
+    trace's lines only (:func:`spans_at`). Damaged lines are counted in ``damage`` (else
+    warned); a wrongly typed field of a span is the caller's to find
+    (:func:`skip_damaged`)."""
+    for _, at, batches in _lines(path, lambda request: _span_batches(request, run_id), damage):
+        for resource, spans in batches:
+            yield at, resource, spans
+
+
+def _span_batches(request: dict[str, Any], run_id: str | None
+                  ) -> list[tuple[dict[str, Any], list[dict[str, Any]]]]:
+    batches = []
+    for resource, resource_spans in _resources(request, "resourceSpans", run_id):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            spans = scope_spans.get("spans") or []
+            if type(spans) is not list:  # the callers loop over it as a list of spans
+                raise TypeError(f"spans is a JSON {type(spans).__name__}, not a list")
+            batches.append((resource, spans))
+    return batches
 
 
 def _raw_spans(request: dict[str, Any], run_id: str | None
@@ -213,30 +446,25 @@ def start_spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
 
 def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
                    trace_ids: set[str], run_id: str | None) -> list[Span]:
-    """The spans of ``trace_ids`` on the lines at ``offsets[k]`` of each (k, path)."""
-    spans = []
+    """The spans of ``trace_ids`` on the lines at ``offsets[k]`` of each (k, path). These
+    lines were read by the pass that indexed them, which named those not whole; a line
+    whose spans of these traces have a field of the wrong type (a span that pass decoded
+    none of) is left out, and warned of here."""
+    spans: list[Span] = []
     for k, path in files:
+        wrong = FileDamage(path)
         with open(path, "rb") as handle:
             for offset in offsets[k]:
                 handle.seek(offset)
-                line = handle.readline().decode("utf-8", errors="replace")
-                for request in _decode_line(line):
-                    for raw, resource in _raw_spans(request, run_id):
-                        if raw.get("traceId", "") in trace_ids:
-                            spans.append(_span(raw, resource))
+                requests = _line_items(handle.readline(), 0, _whole, FileDamage(path))
+                try:
+                    spans += [_span(raw, resource) for request in requests
+                              for raw, resource in _raw_spans(request, run_id)
+                              if raw.get("traceId", "") in trace_ids]
+                except DAMAGE_ERRORS as err:
+                    wrong.add(line_number(path, offset), wrong_type(err))
+        _settle(wrong, None)
     return spans
-
-
-def _filtered_requests(paths: Iterable[Path],
-                       needles: tuple[str, ...] | None) -> Iterator[dict[str, Any]]:
-    if needles is None:
-        yield from iter_requests(paths)
-        return
-    for path in paths:
-        with open(path, encoding="utf-8") as lines:
-            for line in lines:
-                if any(needle in line for needle in needles):
-                    yield from _decode_line(line)
 
 
 def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
@@ -281,13 +509,20 @@ class MetricPoint:
         return None if rank is None else int(rank)
 
 
-def iter_metric_points(paths: Iterable[Path], run_id: str | None = None
-                       ) -> Iterator[MetricPoint]:
-    for request in iter_requests(paths):
-        for resource, resource_metrics in _resources(request, "resourceMetrics", run_id):
-            for scope_metrics in resource_metrics.get("scopeMetrics", ()):
-                for metric in scope_metrics.get("metrics", ()):
-                    yield from _points(metric, resource)
+def iter_metric_points(paths: Iterable[Path], run_id: str | None = None,
+                       damage: Damage | None = None) -> Iterator[MetricPoint]:
+    """The data points of the given files, run ``run_id``'s; damaged lines are counted in
+    ``damage`` (else warned)."""
+    def decode(request: dict[str, Any]) -> list[MetricPoint]:
+        return [point for resource, resource_metrics in
+                _resources(request, "resourceMetrics", run_id)
+                for scope_metrics in resource_metrics.get("scopeMetrics", ())
+                for metric in scope_metrics.get("metrics", ())
+                for point in _points(metric, resource)]
+
+    for path in paths:
+        for _, _, points in _lines(path, decode, damage):
+            yield from points
 
 
 def _points(metric: dict[str, Any], resource: dict[str, Any]) -> Iterator[MetricPoint]:
@@ -298,7 +533,7 @@ def _points(metric: dict[str, Any], resource: dict[str, Any]) -> Iterator[Metric
         return  # summaries are not part of the contract
     for raw in metric[kind].get("dataPoints", ()):
         point = MetricPoint(
-            name=metric.get("name", ""), kind=kind, unit=metric.get("unit", ""),
+            name=_text(metric.get("name", "")), kind=kind, unit=_text(metric.get("unit", "")),
             attributes=decode_attributes(raw.get("attributes")), resource=resource,
             time_ns=int(raw.get("timeUnixNano", 0)), start_ns=int(raw.get("startTimeUnixNano", 0)),
             exemplars=raw.get("exemplars", []),
@@ -317,7 +552,19 @@ def _points(metric: dict[str, Any], resource: dict[str, Any]) -> Iterator[Metric
             point.bounds, point.bucket_counts = _exponential_buckets(raw)
         else:
             point.value = float(raw["asDouble"] if "asDouble" in raw else raw.get("asInt", 0))
-        yield point
+        yield _checked(point)
+
+
+def _checked(point: MetricPoint) -> MetricPoint:
+    """``point``, once its rank and exemplars are seen to convert: their readers convert
+    them later, where a wrong type would no longer damage only its line."""
+    _ = point.rank
+    for exemplar in point.exemplars:
+        float(exemplar.get("asDouble", exemplar.get("asInt", 0)))
+        if not isinstance(exemplar.get("traceId", ""), str) or \
+                not isinstance(exemplar.get("spanId", ""), str):
+            raise TypeError("an exemplar's traceId or spanId is not a string")
+    return point
 
 
 def _exponential_buckets(raw: dict[str, Any]) -> tuple[list[float], list[int]]:
@@ -347,32 +594,83 @@ class LogRecord:
     resource: dict[str, Any]
 
 
-def iter_log_records(paths: Iterable[Path], run_id: str | None = None
-                     ) -> Iterator[LogRecord]:
-    for request in iter_requests(paths):
-        for resource, resource_logs in _resources(request, "resourceLogs", run_id):
-            for scope_logs in resource_logs.get("scopeLogs", ()):
-                for raw in scope_logs.get("logRecords", ()):
-                    yield LogRecord(
-                        time_ns=int(raw.get("timeUnixNano", 0) or raw.get("observedTimeUnixNano", 0)),
-                        severity=raw.get("severityText", ""),
-                        body=decode_value(raw.get("body", {})),
-                        trace_id=raw.get("traceId", "") or "",
-                        span_id=raw.get("spanId", "") or "",
-                        attributes=decode_attributes(raw.get("attributes")),
-                        resource=resource,
-                    )
+def iter_log_records(paths: Iterable[Path], run_id: str | None = None,
+                     damage: Damage | None = None) -> Iterator[LogRecord]:
+    """The log records of the given files, run ``run_id``'s; damaged lines are counted in
+    ``damage`` (else warned)."""
+    def decode(request: dict[str, Any]) -> list[LogRecord]:
+        return [_log_record(raw, resource) for resource, resource_logs in
+                _resources(request, "resourceLogs", run_id)
+                for scope_logs in resource_logs.get("scopeLogs", ())
+                for raw in scope_logs.get("logRecords", ())]
+
+    for path in paths:
+        for _, _, records in _lines(path, decode, damage):
+            yield from records
+
+
+def _log_record(raw: dict[str, Any], resource: dict[str, Any]) -> LogRecord:
+    return LogRecord(
+        time_ns=int(raw.get("timeUnixNano", 0) or raw.get("observedTimeUnixNano", 0)),
+        severity=_text(raw.get("severityText", "")),
+        body=decode_value(raw.get("body", {})),
+        trace_id=_text(raw.get("traceId", "") or ""),
+        span_id=_text(raw.get("spanId", "") or ""),
+        attributes=decode_attributes(raw.get("attributes")),
+        resource=resource,
+    )
+
+
+def _text(value: Any) -> str:
+    """A field that must be a string (its readers call string methods on it)."""
+    if type(value) is not str:
+        raise TypeError(f"{value!r} is not a string")
+    return value
 
 
 def resolve_run_dir(path: Path, run_id: str | None = None) -> Path:
-    """``path`` itself when it holds telemetry, else its run ``run_id`` or newest run."""
+    """``path`` itself when it holds telemetry, else its run ``run_id`` or newest run.
+    FileNotFoundError names what was asked when there is none: a path that does not exist,
+    a run id that no run under ``path`` has, a directory without telemetry."""
     path = Path(path)
-    if run_id and signal_files(path / run_id, semconv.TRACES_GLOB):
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is a file, not a run directory (give the directory "
+                                "that holds it)")
+    if run_id and _holds_telemetry(path / run_id):
         return path / run_id
-    if signal_files(path, semconv.TRACES_GLOB) or signal_files(path, semconv.METRICS_GLOB):
+    if _holds_telemetry(path):
         return path
-    runs = [d for d in path.iterdir() if d.is_dir() and signal_files(d, semconv.TRACES_GLOB)] \
-        if path.is_dir() else []
+    runs = [d for d in path.iterdir() if d.is_dir() and _holds_telemetry(d)]
+    if run_id and runs:
+        raise FileNotFoundError(f"no run {run_id!r} under {path} (its runs: "
+                                f"{_some(sorted(d.name for d in runs))})")
     if not runs:
         raise FileNotFoundError(f"no {semconv.TRACES_GLOB} or {semconv.METRICS_GLOB} in {path}")
     return max(runs, key=lambda d: d.stat().st_mtime)
+
+
+def _holds_telemetry(path: Path) -> bool:
+    return bool(signal_files(path, semconv.TRACES_GLOB) or
+                signal_files(path, semconv.METRICS_GLOB))
+
+
+def no_such_run(run_dir: Path, run_id: str) -> str:
+    """What to say where ``run_dir``'s files hold nothing of run ``run_id``: the runs they
+    hold (as the metrics files name them: the smallest signal to read)."""
+    held = run_ids(run_dir)
+    return f"no telemetry of run {run_id!r} in {run_dir}" + (
+        f" (its files hold runs: {_some(held)})" if held else "")
+
+
+def run_ids(run_dir: Path) -> list[str]:
+    """The run ids that the resources of ``run_dir``'s metrics files name."""
+    points = iter_metric_points(signal_files(run_dir, semconv.METRICS_GLOB), damage=Damage())
+    return sorted({str(p.resource[semconv.RES_RUN_ID]) for p in points
+                   if semconv.RES_RUN_ID in p.resource})
+
+
+def _some(names: list[str], limit: int = 5) -> str:
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

@@ -5,18 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from otel_train.check.render import render_table, write_json
 from otel_train.check.verdicts import PASS, CheckResult, failed, merge
+
+T = TypeVar("T")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "check", help="verify the production attribution checklist",
         description="One row per checklist item (pass, fail, n/a) with evidence and fix. "
-                    "Exit status 1 when an item fails, 2 when no source could be read "
-                    "or no item was applicable (nothing verified).")
+                    "Exit status 1 when an item fails, 2 when a source given could not be "
+                    "read (what the others show is still printed) or no item was applicable "
+                    "(nothing verified).")
     parser.add_argument("run", type=Path, nargs="?", help="run directory (or the root "
                         "holding runs: the newest is read)")
     parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (HTTP API)")
@@ -30,34 +35,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def gather_results(args: argparse.Namespace) -> list[CheckResult]:
+def gather_results(args: argparse.Namespace) -> tuple[list[CheckResult], list[str]]:
+    """The verdicts of every source given, and why each source that could not be read was
+    not: one that fails leaves the others' verdicts standing."""
     results: list[CheckResult] = []
+    unread: list[str] = []
     run_id = args.run_id
-    live: frozenset[tuple[str, str]] | None = None
+    run_dir = None
     if args.run is not None:
         from otel_train.analysis.otlp import resolve_run_dir
+
+        run_dir = _attempt(unread, lambda: resolve_run_dir(args.run, args.run_id))
+        run_id = run_id or (_run_json_id(run_dir) if run_dir else None)
+    live = None
+    prometheus_down = False  # then its own items are not asked for again
+    if args.prometheus and run_id and (run_dir or args.jaeger):
+        live = _attempt(unread, lambda: _live_exemplars(args.prometheus, run_id))
+        prometheus_down = live is None
+    if run_dir is not None:
         from otel_train.check.rundir import check_run_dir
 
-        run_dir = resolve_run_dir(args.run, args.run_id)
-        run_id = run_id or _run_json_id(run_dir)
-        live = _live_exemplars(args.prometheus, run_id)
-        results += check_run_dir(run_dir, args.run_id, live)
-    if args.prometheus:
+        results += _attempt(unread, lambda: check_run_dir(run_dir, args.run_id, live)) or []
+    if args.prometheus and not prometheus_down:
         from otel_train.check.prometheus import check_prometheus
 
-        results += check_prometheus(args.prometheus, args.run_id)
+        results += _attempt(unread, lambda: check_prometheus(args.prometheus, args.run_id)) or []
     if args.jaeger:
         from otel_train.check.jaeger import check_jaeger
 
-        jaeger_run = _needs_run_id("--jaeger", run_id)
-        if live is None:
-            live = _live_exemplars(args.prometheus, jaeger_run)
-        results += check_jaeger(args.jaeger, jaeger_run, live)
+        results += _attempt(unread, lambda: check_jaeger(
+            args.jaeger, _needs_run_id("--jaeger", run_id), live)) or []
     if args.loki:
         from otel_train.check.loki import check_loki
 
-        results += check_loki(args.loki, _needs_run_id("--loki", run_id))
-    return merge(results)
+        results += _attempt(unread, lambda: check_loki(
+            args.loki, _needs_run_id("--loki", run_id))) or []
+    return merge(results), unread
+
+
+def _attempt(unread: list[str], source: Callable[[], T]) -> T | None:
+    """``source()``; None where it could not be read, and why appended to ``unread``."""
+    try:
+        return source()
+    except OSError as err:  # FileNotFoundError, a backend's failure (check/http.py)
+        unread.append(str(err))
+        return None
 
 
 def _needs_run_id(flag: str, run_id: str | None) -> str:
@@ -74,12 +96,9 @@ def _run_json_id(run_dir: Path) -> str | None:
         return None
 
 
-def _live_exemplars(prometheus: str | None, run_id: str | None
-                    ) -> frozenset[tuple[str, str]] | None:
-    """With a run directory and Prometheus both given, the run's live exemplars: checked
-    against the files' spans, which is how exemplars resolve without a trace backend."""
-    if not prometheus or not run_id:
-        return None
+def _live_exemplars(prometheus: str, run_id: str) -> frozenset[tuple[str, str]]:
+    """The run's exemplars in Prometheus: checked against the files' (or Jaeger's) spans,
+    which is how exemplars resolve without a trace backend."""
     from otel_train.check.prometheus import live_exemplar_ids
 
     return frozenset(live_exemplar_ids(prometheus, run_id))
@@ -90,25 +109,26 @@ def run(args: argparse.Namespace) -> int:
         print("otel-train check: give a run directory or a live endpoint (--prometheus ...)",
               file=sys.stderr)
         return 2
-    try:
-        results = gather_results(args)
-    except (FileNotFoundError, OSError) as err:
-        print(f"otel-train check: {err}", file=sys.stderr)
-        return 2
+    results, unread = gather_results(args)
     if args.json:
-        write_json(results, sys.stdout)
-    else:
-        render_table(results)
-    status = exit_status(results)
-    if status == 2:
+        write_json(results, sys.stdout, unread)
+    elif results:
+        render_table(results, unread=unread)
+    for reason in unread:
+        print(f"otel-train check: not read: {reason}", file=sys.stderr)
+    status = exit_status(results, unread)
+    if status == 2 and not unread:
         print("otel-train check: no checklist item was applicable to what was given; nothing "
               "was verified", file=sys.stderr)
     return status
 
 
-def exit_status(results: list[CheckResult]) -> int:
-    """1 when an item failed; 2 when none passed either (every row n/a: nothing was
+def exit_status(results: list[CheckResult], unread: list[str] | None = None) -> int:
+    """2 when a source given could not be read (what was asked was not all verified);
+    1 when an item failed; 2 when none passed either (every row n/a: nothing was
     verified, which must not read as success); else 0."""
+    if unread:
+        return 2
     if failed(results):
         return 1
     return 0 if any(r.status == PASS for r in results) else 2

@@ -14,6 +14,7 @@ from typing import Any
 from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import (
+    Damage,
     Span,
     decode_value,
     iter_log_records,
@@ -22,6 +23,7 @@ from otel_train.analysis.otlp import (
     paused_gc,
     pick_attributes,
     signal_files,
+    skip_damaged,
 )
 from otel_train.analysis.parallel import Chunk, map_chunks
 
@@ -59,6 +61,8 @@ class TraceEvidence:
     run_spans: dict[int, RunSpan] = field(default_factory=dict)
     resolved: set[tuple[str, str]] = field(default_factory=set)  # exemplar targets found
     traces_seen_of_targets: set[str] = field(default_factory=set)
+    #: the traces files' lines that could not be read whole
+    damage: Damage = field(default_factory=Damage)
 
     def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
         attrs = span.attributes
@@ -150,6 +154,7 @@ class TraceEvidence:
         self.run_spans.update(other.run_spans)
         self.resolved |= other.resolved
         self.traces_seen_of_targets |= other.traces_seen_of_targets
+        self.damage.merge(other.damage)
 
 
 def read_trace_files(files: Chunk, run_id: str | None, targets: set[tuple[str, str]],
@@ -157,10 +162,16 @@ def read_trace_files(files: Chunk, run_id: str | None, targets: set[tuple[str, s
     """The evidence of (index, path) ``files``, read one after another (a worker's share of
     :func:`gather`)."""
     evidence = TraceEvidence()
+    damage = evidence.damage
     with paused_gc():
         for _, path in files:
-            for _, resource, spans in iter_span_batches(path, run_id):
-                evidence.add_batch(spans, resource, targets, target_traces)
+            for offset, resource, spans in iter_span_batches(path, run_id, damage):
+                # a field of the wrong type damages its line only: each line is added to
+                # a part of its own, merged once all of it was read
+                part = TraceEvidence()
+                with skip_damaged(path, offset, damage):
+                    part.add_batch(spans, resource, targets, target_traces)
+                    evidence.merge(part)
     return evidence
 
 
@@ -194,6 +205,8 @@ class RunEvidence:
     logs: LogEvidence
     has_logs: bool
     live_exemplars: frozenset[tuple[str, str]] = frozenset()
+    #: the lines of every signal's files that could not be read whole
+    damage: Damage = field(default_factory=Damage)
 
 
 def gather(run_dir: Path, run_id: str | None = None,
@@ -209,15 +222,18 @@ def gather(run_dir: Path, run_id: str | None = None,
 
 def _gather(run_dir: Path, run_id: str | None, live_exemplars: frozenset[tuple[str, str]],
             workers: int | None) -> RunEvidence:
-    metrics = read_metrics(run_dir, run_id)
+    damage = Damage()
+    metrics = read_metrics(run_dir, run_id, damage)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars} | live_exemplars
     target_traces = {t for t, _ in targets}
     traces, *rest = map_chunks(read_trace_files, signal_files(run_dir, sc.TRACES_GLOB),
                                run_id, targets, target_traces, workers=workers)
     for part in rest:
         traces.merge(part)
+    damage.merge(traces.damage)
     logs = LogEvidence()
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
-    for record in iter_log_records(log_files, run_id):
+    for record in iter_log_records(log_files, run_id, damage):
         logs.add(record.trace_id, record.span_id, record.attributes, record.body)
-    return RunEvidence(run_dir, metrics, traces, logs, bool(log_files), live_exemplars)
+    return RunEvidence(run_dir, metrics, traces, logs, bool(log_files), live_exemplars,
+                       damage)

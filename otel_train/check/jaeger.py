@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import urllib.parse
-import urllib.request
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from otel_train.analysis.metrics import MetricsDigest
 from otel_train.analysis.otlp import Span
 from otel_train.check import signal_checks, trace_checks
 from otel_train.check.evidence import LogEvidence, RunEvidence, TraceEvidence
+from otel_train.check.http import get_json
 from otel_train.check.verdicts import FAIL, CheckResult
 
 SOURCE = "jaeger"
@@ -42,10 +42,11 @@ class JaegerAPI:
         self.base, self.timeout_s = base_url.rstrip("/"), timeout_s
 
     def get(self, path: str, params: Iterable[tuple[str, str]] = ()) -> dict[str, Any]:
-        query = urllib.parse.urlencode(list(params))
-        url = f"{self.base}{path}" + (f"?{query}" if query else "")
-        with urllib.request.urlopen(url, timeout=self.timeout_s) as response:
-            return json.load(response)
+        body = get_json(self.base, path, urllib.parse.urlencode(list(params)), self.timeout_s,
+                        "Jaeger")
+        if not isinstance(body, dict):
+            raise OSError(f"Jaeger at {self.base} answered {path} with no JSON object")
+        return body
 
     def services(self) -> list[str]:
         return sorted(self.get("/api/services").get("data") or ())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console, Group, RenderableType
 from rich.padding import Padding
@@ -17,16 +17,29 @@ STYLE = {PASS: "green", FAIL: "bold red"}
 TITLE = "Production attribution checklist"
 
 
-def render_table(results: list[CheckResult], console: Console | None = None) -> None:
+def render_table(results: list[CheckResult], console: Console | None = None,
+                 unread: list[str] | None = None) -> None:
     """The verdicts as a table where it fits the console without cutting a word (ids such
-    as ``same_trace_across_ranks`` need about 110 columns), else one block per item."""
+    as ``same_trace_across_ranks`` need about 110 columns), else one block per item; then
+    the verdict, never PASS where a source given was ``unread`` (those it could read
+    passing is not what was asked)."""
     console = console or Console()
     table = _table(results)
     console.print(_blocks(results) if is_cut(console, table) else table)
-    verdict = "[bold red]FAIL[/]" if failed(results) else "[green]PASS[/]"
+    console.print(verdict_line(results, unread or []))
+
+
+def verdict_line(results: list[CheckResult], unread: list[str]) -> str:
+    if failed(results):
+        verdict = "[bold red]FAIL[/]"
+    else:
+        verdict = "[bold red]INCOMPLETE[/]" if unread else "[green]PASS[/]"
     counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, FAIL)}
-    console.print(f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, "
-                  f"{len(results) - counts[PASS] - counts[FAIL]} not applicable")
+    line = (f"{verdict}: {counts[PASS]} passed, {counts[FAIL]} failed, "
+            f"{len(results) - counts[PASS] - counts[FAIL]} not applicable")
+    if unread:  # each named on stderr
+        line += f"; not read: {len(unread)} source{'s' if len(unread) > 1 else ''}"
+    return line
 
 
 def _table(results: list[CheckResult]) -> Table:
@@ -53,7 +66,13 @@ def _blocks(results: list[CheckResult]) -> RenderableType:
     return Group(*blocks)
 
 
-def write_json(results: list[CheckResult], out: TextIO) -> None:
-    json.dump({"ok": not failed(results), "checks": [r.to_dict() for r in results]}, out,
-              indent=1)
+def write_json(results: list[CheckResult], out: TextIO, unread: list[str] | None = None
+               ) -> None:
+    """``ok``, the verdicts, and where a source given could not be read, ``not_read``: why
+    each was not."""
+    body: dict[str, Any] = {"ok": not failed(results) and not unread,
+                            "checks": [r.to_dict() for r in results]}
+    if unread:
+        body["not_read"] = unread
+    json.dump(body, out, indent=1)
     out.write("\n")

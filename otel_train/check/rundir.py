@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from otel_train.analysis.otlp import no_such_run
 from otel_train.check import signal_checks, trace_checks
 from otel_train.check.evidence import gather
 from otel_train.check.verdicts import NOT_APPLICABLE, CheckResult
@@ -17,8 +18,11 @@ def check_run_dir(run_dir: Path, run_id: str | None = None,
     """Every checklist item a run directory can answer; ``run_id`` picks one run out of
     files that hold several (a collector's output); ``live_exemplars`` (from a live
     Prometheus) are resolved against the files' spans too; ``workers``: processes reading
-    the traces files (None: as many as pay off)."""
+    the traces files (None: as many as pay off). FileNotFoundError where the files hold
+    nothing of run ``run_id``."""
     evidence = gather(run_dir, run_id, live_exemplars or frozenset(), workers)
+    if run_id and not (evidence.traces.spans or evidence.metrics.last or evidence.logs.records):
+        raise FileNotFoundError(no_such_run(run_dir, run_id))
     results = [check(evidence) for check in trace_checks.CHECKS + signal_checks.CHECKS]
     if live_exemplars is not None:
         results.append(signal_checks.live_exemplars_resolve(evidence))

@@ -135,15 +135,26 @@ def cpu_throttling_measured(ev: RunEvidence) -> CheckResult:
 
 
 def telemetry_complete(ev: RunEvidence) -> CheckResult:
+    """Nothing dropped before export (the SDK's counter) nor lost after it (lines of the
+    files that could not be read whole)."""
     dropped = {str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
                for p in ev.metrics.series(sc.METRIC_TELEMETRY_DROPPED) if p.value}
+    problems, fixes = [], []
     if dropped:
-        evidence = "dropped: " + ", ".join(f"{s} {v:.0f}" for s, v in sorted(dropped.items()))
-    else:
-        evidence = f"{sc.METRIC_TELEMETRY_DROPPED} is zero or absent"
-    return _result("telemetry_complete", not dropped, evidence,
-                   "raise OTEL_BSP_MAX_QUEUE_SIZE / the recorder queue, or check the exporter "
-                   "endpoint is reachable")
+        problems.append("dropped: " + ", ".join(f"{s} {v:.0f}" for s, v in sorted(dropped.items())))
+        fixes.append("raise OTEL_BSP_MAX_QUEUE_SIZE / the recorder queue, or check the exporter "
+                     "endpoint is reachable")
+    if ev.damage:
+        files = len(ev.damage.files)
+        messages = ev.damage.messages()
+        more = f" (+{files - 3} more files)" if files > 3 else ""
+        problems.append(f"damaged lines in {files} file{'s' if files > 1 else ''}: "
+                        + "; ".join(messages[:3]) + more)
+        fixes.append("the files were damaged after export: a torn last line is a writer killed "
+                     "mid-write (or one still writing); any other damaged line was changed "
+                     "after it was written")
+    evidence = "; ".join(problems) or f"{sc.METRIC_TELEMETRY_DROPPED} is zero or absent"
+    return _result("telemetry_complete", not problems, evidence, "; ".join(fixes))
 
 
 CHECKS: tuple[Callable[[RunEvidence], CheckResult], ...] = (

@@ -11,7 +11,12 @@ from support.report_fixtures import RunSpec, write_run
 from otel_train import semconv as sc
 from otel_train.analysis import attribution as st
 from otel_train.analysis.build import build_report
-from otel_train.analysis.otlp import decode_attributes, iter_spans, signal_files
+from otel_train.analysis.otlp import (
+    DamagedFileWarning,
+    decode_attributes,
+    iter_spans,
+    signal_files,
+)
 from otel_train.analysis.terminal import straggler_lines
 from otel_train.analysis.traces import UNTIMED, StepTable
 from otel_train.cli import main
@@ -163,12 +168,13 @@ def test_sampled_run_reports_sampled_of_trained_steps(tmp_path: Path) -> None:
     assert 15 < report.sampled_steps < 60
 
 
-def test_a_torn_last_line_is_skipped(run_dir: Path, tmp_path: Path) -> None:
+def test_a_torn_last_line_is_left_out_and_named_truncated(run_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
     text = signal_files(run_dir, sc.TRACES_GLOB)[0].read_text(encoding="utf-8")
     path.write_text(text + text.splitlines()[0][:500], encoding="utf-8")  # killed mid-line
     whole = sum(1 for _ in iter_spans([signal_files(run_dir, sc.TRACES_GLOB)[0]]))
-    assert sum(1 for _ in iter_spans([path])) == whole
+    with pytest.warns(DamagedFileWarning, match=r"truncated: its last line, line \d+,"):
+        assert sum(1 for _ in iter_spans([path])) == whole
 
 
 def test_cli_json_is_the_report(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -205,14 +211,16 @@ def test_run_id_picks_one_run_out_of_shared_files(tmp_path: Path) -> None:
     assert build_report(tmp_path).run_id == "first,second"  # says it mixed them
 
 
-def test_a_torn_line_continued_by_a_restarted_writer_keeps_the_whole_request(
+def test_a_torn_line_continued_by_a_restarted_writer_keeps_the_whole_request_and_is_named(
         run_dir: Path, tmp_path: Path) -> None:
     lines = signal_files(run_dir, sc.TRACES_GLOB)[0].read_text(encoding="utf-8").splitlines()
     path = tmp_path / "traces.jsonl"
     path.write_text(lines[0][:300] + lines[1] + "\n", encoding="utf-8")
     whole = tmp_path / "whole.jsonl"
     whole.write_text(lines[1] + "\n", encoding="utf-8")
-    assert [s.span_id for s in iter_spans([path])] == [s.span_id for s in iter_spans([whole])]
+    with pytest.warns(DamagedFileWarning, match=r"\(line 1: torn, 1 whole request on it read\)"):
+        kept = [s.span_id for s in iter_spans([path])]
+    assert kept == [s.span_id for s in iter_spans([whole])]
 
 
 def _table(rows: list[tuple[int, int, float, dict[str, float]]]) -> StepTable:

@@ -9,6 +9,7 @@ which set it to the repository root and ``tests/``).
 - ``training``: the small models and loops the tests train
 - ``torchrun_train``, ``sigkill_train``, ``sigterm_train``: scripts started by path
 - ``report_fixtures``, ``report_golden``: synthetic runs for the report and the checker
+- ``damage``: a run directory's files damaged on purpose (bytes appended, a line torn, ...)
 - ``pipeline_fixtures``, ``collector_faults``, ``alert_replay``, ``loki_standin``: the real
   collector and Prometheus, the faults put in their way, and a Loki stand-in
 """
