@@ -31,6 +31,7 @@ from otel_train.analysis.otlp import (
     pick_attributes,
     raw_attributes,
     signal_files,
+    skip_damaged,
     start_spans_at,
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
@@ -371,13 +372,17 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
     with paused_gc():
         for file_index, path in files:
             for offset, resource, spans in iter_span_batches(path, run_id):
-                for trace_id in {raw.get("traceId", "") for raw in spans}:
-                    where = lines.setdefault(trace_id, [])
-                    if not where or where[-1] != (file_index, offset):
-                        where.append((file_index, offset))
-                for raw in spans:
-                    if raw.get("name") in PASS_ONE_SPANS:
-                        digest.add(raw, resource)
+                part = TraceDigest()  # a field of the wrong type leaves out its line only
+                with skip_damaged(path, offset):
+                    for raw in spans:
+                        if raw.get("name") in PASS_ONE_SPANS:
+                            part.add(raw, resource)
+                    trace_ids = {raw.get("traceId", "") for raw in spans}
+                    digest.merge(part)
+                    for trace_id in trace_ids:
+                        where = lines.setdefault(trace_id, [])
+                        if not where or where[-1] != (file_index, offset):
+                            where.append((file_index, offset))
     return digest
 
 

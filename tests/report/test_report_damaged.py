@@ -131,3 +131,12 @@ def test_files_holding_nothing_readable_are_an_error(
     assert status == 2 and out == ""
     assert f"{copy}: its files hold no telemetry that could be read" in err
     assert f"{copy / 'traces.rank-0.jsonl'}: 1 damaged line (line 1: not UTF-8)" in err
+def test_a_span_field_of_the_wrong_type_damages_only_its_line(
+        copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = copy / "traces.rank-1.jsonl"
+    line = damage.retype_attribute(path, "training.step", "seven")
+    status, out, err = report(copy, capsys, "--json")
+    assert status == 0
+    assert (f"{path}: 1 damaged line (line {line}: a field of the wrong type (ValueError: "
+            "invalid literal for int() with base 10: 'seven')), the other lines read") in err
+    assert json.loads(out)["ranks"] == [0, 1]  # rank 1's other lines were read
