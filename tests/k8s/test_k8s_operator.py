@@ -284,7 +284,7 @@ def test_the_gateway_budget_is_the_plain_one_and_the_only_one(variants):
     for name, (objects, plain) in variants.items():
         budget = one(plain, "PodDisruptionBudget", "otelcol-gateway")["spec"]
         spec = one(objects, "OpenTelemetryCollector", "otelcol-gateway")["spec"]
-        assert spec["podDisruptionBudget"] == {"maxUnavailable": budget["maxUnavailable"]}
+        assert spec["podDisruptionBudget"] == {"maxUnavailable": budget["maxUnavailable"]}, name
         assert "podDisruptionBudget" not in one(objects, "OpenTelemetryCollector",
                                                 "otelcol-agent")["spec"]
 
@@ -327,7 +327,7 @@ def test_the_service_monitor_still_tells_the_tiers_apart(variants):
     for name, (objects, _) in variants.items():
         (relabel,) = one(objects, "ServiceMonitor", "otelcol")["spec"]["endpoints"][0][
             "relabelings"]
-        assert relabel["targetLabel"] == "otelcol_tier"
+        assert relabel["targetLabel"] == "otelcol_tier", name
         (source,) = relabel["sourceLabels"]
         # the Service's label, not the pod's (the operator's pods all say opentelemetry-collector)
         assert source == "__meta_kubernetes_service_label_app_kubernetes_io_component"
@@ -341,7 +341,7 @@ def test_the_collectors_run_under_the_plain_service_accounts(variants):
         for tier in TIERS:
             spec = one(objects, "OpenTelemetryCollector", f"otelcol-{tier}")["spec"]
             account = one(objects, "ServiceAccount", spec["serviceAccount"])
-            assert account["metadata"]["name"] == f"otelcol-{tier}"
+            assert account["metadata"]["name"] == f"otelcol-{tier}", name
         (binding,) = find(objects, "ClusterRoleBinding")
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "otelcol-agent",
                                         "namespace": "observability"}]
