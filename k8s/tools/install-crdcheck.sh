@@ -36,7 +36,7 @@ if [[ "${1:-}" != "--force" && -x "$BINARY" && -f "$STAMP" && "$(cat "$STAMP")" 
     exit 0
 fi
 mkdir -p "$BIN_DIR"
-log "building crdcheck (k8s.io/api and the operators' API types: a minute or two on 2 cores)"
+log "building crdcheck (k8s.io/api, client-go and the operators' API types: about five minutes on 2 busy cores)"
 start=$SECONDS
 (cd "$SRC" && go build -p 2 -trimpath -ldflags="-s -w" -o "$BINARY" .)
 echo "$want" > "$STAMP"

@@ -156,10 +156,17 @@ def test_rbac_grants_only_what_k8s_attributes_reads():
 
 
 def test_only_the_agent_mounts_a_service_account_token():
+    agents = {"DaemonSet/otelcol-agent", "OpenTelemetryCollector/otelcol-agent"}
     for kustomization in KUSTOMIZATIONS:
-        for workload, template in all_pod_templates(render(kustomization)):
-            mounts = template["spec"].get("automountServiceAccountToken")
-            assert mounts is (workload == "DaemonSet/otelcol-agent"), workload
+        objects = render(kustomization)
+        accounts = {a["metadata"]["name"]: a for a in find(objects, "ServiceAccount")}
+        for workload, template in all_pod_templates(objects):
+            spec = template["spec"]
+            # the pod's own setting, else its ServiceAccount's (the operator sets none on pods)
+            mounts = spec.get("automountServiceAccountToken")
+            if mounts is None and spec.get("serviceAccountName") in accounts:
+                mounts = accounts[spec["serviceAccountName"]].get("automountServiceAccountToken")
+            assert mounts is (workload in agents), workload
 
 
 def render_config_map(objects: list[dict], tier: str) -> str:

@@ -2,7 +2,8 @@
 
 - core kinds: offline against the Kubernetes OpenAPI schemas (``kubernetes-validate``, strict:
   unknown fields are errors), for the oldest and newest Kubernetes versions we support;
-- custom resources (PodMonitor, ServiceMonitor, PrometheusRule, PyTorchJob): strictly decoded
+- custom resources (PodMonitor, ServiceMonitor, PrometheusRule, PyTorchJob,
+  OpenTelemetryCollector): strictly decoded
   into the operators' real Go API types (``k8s/tools/crdcheck``), and validated against the
   openAPIV3Schema of their CRDs as shipped in the operators' Go modules (fetched through the Go
   module proxy into the module cache by ``k8s/tools/install-crdcheck.sh``; module, version,
@@ -38,10 +39,11 @@ K8S = REPO_ROOT / "k8s"
 TOOLS_BIN = K8S / "tools" / ".bin"
 # Every kustomization a user applies; the others (base/grafana, jobs/common, components/*) are
 # included by these.
-KUSTOMIZATIONS = ("base", "overlays/small", "overlays/large", "jobs/pytorchjob",
-                  "jobs/indexed-job")
+KUSTOMIZATIONS = ("base", "overlays/small", "overlays/large", "overlays/operator",
+                  "jobs/pytorchjob", "jobs/indexed-job")
 INCLUDED = ("base/grafana", "jobs/common", "components/gateway-tls",
-            "components/kube-prometheus-stack", "components/rank-endpoints")
+            "components/kube-prometheus-stack", "components/rank-endpoints",
+            "components/operator", "components/operator-gateway-tls")
 OBSERVABILITY = ("base", "overlays/small", "overlays/large")
 JOBS = ("jobs/pytorchjob", "jobs/indexed-job")
 # Oldest and newest Kubernetes minor versions the manifests are checked against.
@@ -86,9 +88,66 @@ def one(objects: list[dict], kind: str, name: str) -> dict:
     return found[0]
 
 
+def operator_pod_template(collector: dict) -> dict:
+    """The pod template the OpenTelemetry Operator makes of an OpenTelemetryCollector, as far
+    as these tests read it (v0.140.0, internal/manifests/collector: container.go, daemonset.go,
+    deployment.go, volume.go; manifestutils/labels.go): the CR's labels under the operator's
+    own, one container otc-container with spec.config mounted at /conf, the probes from the
+    health_check extension with spec's timings."""
+    meta, spec = collector["metadata"], collector["spec"]
+    name = meta["name"]
+    config = spec["config"]
+    health = config.get("extensions", {}).get("health_check")
+    probes = {}
+    if health is not None and "health_check" in config["service"].get("extensions", []):
+        # the operator takes the first ":<digits>" of the endpoint (components.PortFromEndpoint)
+        port = int(re.search(r":([0-9]+)", health.get("endpoint", ":13133")).group(1))
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            probes[probe] = {"httpGet": {"path": health.get("path", "/"), "port": port},
+                             **spec.get(probe, {})}
+    container = {
+        "name": "otc-container",
+        "image": spec.get("image", "(the operator's default collector image)"),
+        "args": ["--config=/conf/collector.yaml"]
+        + sorted(f"--{k}={v}" for k, v in spec.get("args", {}).items() if k != "config"),
+        "env": spec.get("env", []),
+        "ports": [{"name": p["name"], "containerPort": p["port"],
+                   "protocol": p.get("protocol", "TCP")} for p in spec.get("ports", [])],
+        "resources": spec.get("resources", {}),
+        "securityContext": spec.get("securityContext", {}),
+        "volumeMounts": [{"name": "otc-internal", "mountPath": "/conf"}]
+        + spec.get("volumeMounts", []),
+        **probes,
+    }
+    pod = {
+        "serviceAccountName": spec.get("serviceAccount") or f"{name}-collector",
+        "securityContext": spec.get("podSecurityContext", {}),
+        "containers": [container],
+        "volumes": [{"name": "otc-internal",
+                     "configMap": {"name": f"{name}-collector",
+                                   "items": [{"key": "collector.yaml",
+                                              "path": "collector.yaml"}]}}]
+        + spec.get("volumes", []),
+    }
+    for key in ("tolerations", "terminationGracePeriodSeconds", "topologySpreadConstraints",
+                "nodeSelector", "affinity", "priorityClassName"):
+        if key in spec:
+            pod[key] = spec[key]
+    labels = dict(meta.get("labels", {}))
+    labels.update({"app.kubernetes.io/managed-by": "opentelemetry-operator",
+                   "app.kubernetes.io/instance": f"{meta['namespace']}.{name}",
+                   "app.kubernetes.io/part-of": "opentelemetry",
+                   "app.kubernetes.io/component": "opentelemetry-collector"})
+    labels.setdefault("app.kubernetes.io/name", f"{name}-collector")
+    return {"metadata": {"labels": labels}, "spec": pod}
+
+
 def pod_templates(obj: dict) -> list[dict]:
-    """The pod templates of a workload: Deployment, DaemonSet, Job, PyTorchJob."""
+    """The pod templates of a workload: Deployment, DaemonSet, Job, PyTorchJob, and the one the
+    OpenTelemetry Operator makes of an OpenTelemetryCollector."""
     kind = obj["kind"]
+    if kind == "OpenTelemetryCollector":
+        return [operator_pod_template(obj)]
     if kind in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
         return [obj["spec"]["template"]]
     if kind == "CronJob":

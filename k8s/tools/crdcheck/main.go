@@ -9,6 +9,10 @@
 //   - monitoring.coreos.com/v1 PodMonitor, ServiceMonitor, PrometheusRule:
 //     github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1
 //   - kubeflow.org/v1 PyTorchJob: github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1
+//   - opentelemetry.io/v1beta1 OpenTelemetryCollector (k8s/components/operator):
+//     github.com/open-telemetry/opentelemetry-operator/apis/v1beta1 (its spec.config is typed
+//     down to the collector config's sections: receivers, processors, exporters, connectors,
+//     extensions, service)
 //
 // Objects of other API groups (the core kinds) are skipped: they are validated elsewhere
 // against the Kubernetes schemas. Prints one line per object; exits 1 on any failure.
@@ -23,6 +27,7 @@ import (
 	"os"
 
 	kubeflowv1 "github.com/kubeflow/training-operator/pkg/apis/kubeflow.org/v1"
+	otelv1beta1 "github.com/open-telemetry/opentelemetry-operator/apis/v1beta1"
 	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -39,10 +44,11 @@ type typeMeta struct {
 
 // known maps apiVersion/kind to a constructor of the typed object.
 var known = map[string]func() any{
-	"monitoring.coreos.com/v1/PodMonitor":     func() any { return &monitoringv1.PodMonitor{} },
-	"monitoring.coreos.com/v1/ServiceMonitor": func() any { return &monitoringv1.ServiceMonitor{} },
-	"monitoring.coreos.com/v1/PrometheusRule": func() any { return &monitoringv1.PrometheusRule{} },
-	"kubeflow.org/v1/PyTorchJob":              func() any { return &kubeflowv1.PyTorchJob{} },
+	"monitoring.coreos.com/v1/PodMonitor":             func() any { return &monitoringv1.PodMonitor{} },
+	"monitoring.coreos.com/v1/ServiceMonitor":         func() any { return &monitoringv1.ServiceMonitor{} },
+	"monitoring.coreos.com/v1/PrometheusRule":         func() any { return &monitoringv1.PrometheusRule{} },
+	"kubeflow.org/v1/PyTorchJob":                      func() any { return &kubeflowv1.PyTorchJob{} },
+	"opentelemetry.io/v1beta1/OpenTelemetryCollector": func() any { return &otelv1beta1.OpenTelemetryCollector{} },
 }
 
 // coreGroups are served by the API server itself: not this program's business.
