@@ -121,7 +121,8 @@ def _breakdown(board: dash.Dashboard) -> None:
             "part holds. A rank whose host-busy band rises while the others' blocked band "
             "rises with it is the straggler.",
             [
-                kit.prom(f"{part('device_wait')} / {per_rank_step}",
+                # a CPU run never blocks on a device: 0, not an empty panel
+                kit.prom(f"({part('device_wait')} or {part('host_busy')} * 0) / {per_rank_step}",
                          "rank {{" + names.RANK + "}} blocked on device", "A"),
                 kit.prom(f"{part('host_busy')} / {per_rank_step}",
                          "rank {{" + names.RANK + "}} host busy", "B"),

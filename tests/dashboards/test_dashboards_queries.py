@@ -346,6 +346,11 @@ def simulate_rank(
         t,
         TICK * (0.5 if rank == STRAGGLER else 0.01),
     )
+    # the time outside the phases (an NCCL run: the waiting ranks' hosts block on their GPU)
+    for part, share in (("device_wait", 0.05 if rank == STRAGGLER else 0.3),
+                        ("host_busy", 0.3 if rank == STRAGGLER else 0.01)):
+        f.counter("training_untimed_time_seconds", f'{labels},training_untimed_part="{part}"',
+                  t, sum(steps) * share)
     f.counter("otel_train_telemetry_dropped", f'{labels},signal="spans"', t, 3 if rank == 1 else 0)
 
 
