@@ -37,7 +37,6 @@ from otel_train.identity import Identity
 from otel_train.recorder import EVENT, LOG, PHASE, STEP, Recorder
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-_SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
 _SAMPLED_INT = int(_SAMPLED)
 _SEVERITY = {
     "debug": SeverityNumber.DEBUG, "info": SeverityNumber.INFO,
@@ -586,10 +585,7 @@ class Emitter:
                                redact.redact_value(message), attributes)
 
     def total_dropped(self) -> collections.Counter[str]:
-        """What this run lost, by signal: every signal named, zero included, so that a
-        signal with no entry never reads as one nobody counted."""
-        total = collections.Counter(dict.fromkeys(_SIGNALS, 0))
-        total.update(self.recorder.dropped)
+        total = collections.Counter(self.recorder.dropped)
         total.update(self.pipeline.dropped)
         exporter_dropped = getattr(self.pipeline, "exporter_dropped", None)
         if exporter_dropped is not None:  # the exporter process's own losses
