@@ -78,6 +78,7 @@ def _train_against(monkeypatch: pytest.MonkeyPatch, endpoint: str, **settings: o
 
 def _assert_every_signal_adds_up(inst: otel_train.Instrumentation, warning: str,
                                  made: dict[str, int]) -> None:
+    assert set(inst.dropped) == set(SIGNALS), inst.dropped  # the metric signal's entry too
     for signal in SIGNALS:
         exported, dropped = inst.telemetry["exported"][signal], inst.dropped[signal]
         assert exported + dropped == made[signal], (signal, inst.dropped, inst.telemetry)
