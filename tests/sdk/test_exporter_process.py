@@ -33,9 +33,12 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie is dead for our purposes (its parent has not reaped it yet)
+    # a zombie is dead for our purposes (its parent has not reaped it yet) once its last
+    # thread has exited too: the leader turns zombie first, and until the others are gone
+    # its files (the socket among them) are still open
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        zombie = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        return not zombie or len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
 
