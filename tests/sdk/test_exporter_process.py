@@ -116,11 +116,11 @@ def _kill_exporter(inst, model, opt, batches) -> None:
     whose telemetry finds the exporter gone); wait for the pipeline to notice."""
     pipeline = inst._pipeline
     pid, losses = pipeline.pid, pipeline.losses
+    replaced = pipeline.restarts < remote.MAX_RESTARTS  # before the loss: it takes a restart
     time.sleep(0.3)  # several drains (emit_interval_s) have reached it
     os.kill(pid, signal.SIGKILL)
     assert _wait_gone(pid, 5.0)
     training.one_step(model, opt, next(batches))
-    replaced = pipeline.restarts < remote.MAX_RESTARTS
     deadline = time.monotonic() + 20
     while (pipeline.losses == losses or (replaced and pipeline.pid is None)) \
             and time.monotonic() < deadline:
