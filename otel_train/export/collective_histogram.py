@@ -62,6 +62,8 @@ class CollectiveDurations:
         self._last_attributes: dict[str, Any] | None = None
         self._last: _Series | None = None
         self._start = time.time_ns()
+        #: changes whenever the series do (providers.PendingPoints reports them on change)
+        self.version = 0
 
     def record(self, value: float, attributes: dict[str, Any], context: Any = None) -> None:
         """One measurement, as the SDK histogram's ``record``. A caller passing the same
@@ -74,6 +76,7 @@ class CollectiveDurations:
                 if series is None:
                     series = self._series[key] = _Series(dict(attributes),
                                                          len(self.bounds) + 1, self._start)
+                    self.version += 1
                 self._last_attributes, self._last = attributes, series
             i = bisect.bisect_left(self.bounds, value)
             series.counts[i] += 1
@@ -88,6 +91,11 @@ class CollectiveDurations:
                 if span.is_valid and span.trace_flags.sampled:
                     series.exemplars[i] = (value, time.time_ns(), span.trace_id,
                                            span.span_id)
+
+    def series_keys(self) -> frozenset[tuple[str, frozenset[Any]]]:
+        """The series the next collection will carry, as providers.series_key names them."""
+        with self._lock:
+            return frozenset((self.name, frozenset(key)) for key in self._series)
 
     def metric(self) -> Metric | None:
         """The histogram's points now, as the SDK's reader would collect them; None before
@@ -105,6 +113,7 @@ class CollectiveDurations:
                                for _, (v, t, tr, s) in sorted(series.exemplars.items())]))
                 series.exemplars = {}
             if self.delta:
+                self.version += bool(self._series)
                 self._series.clear()
                 self._last_attributes = self._last = None
                 self._start = now

@@ -15,7 +15,6 @@ which reach it with its parent's process group: the training process decides whe
 from __future__ import annotations
 
 import os
-import pickle
 import signal
 import socket
 import sys
@@ -56,8 +55,12 @@ class Exporter:
     def __init__(self, pipeline: Pipeline) -> None:
         self.pipeline = pipeline
         self.instruments: dict[int, Any] = {}
+        #: instrument id -> metric name
+        self.names: dict[int, str] = {}
         self.errors = 0
         self._reported: Any = None
+        #: the version of the pending series the training process was last sent
+        self._series_sent: Any = None
         #: batches applied so far (acknowledged with each report)
         self.applied = 0
         #: one writer at a time on the socket: the main loop and the drop reporter
@@ -95,7 +98,10 @@ class Exporter:
         if iid in self.instruments:  # sent again after a restart raced a batch
             return
         made = semconv.create(self.pipeline.meter, name)
-        self.instruments[iid] = getattr(made, _MEASURE[semconv.METRICS[name].kind])
+        self.names[iid] = name
+        # every series noted: what the next collection holds is what a kill would lose
+        self.instruments[iid] = self.pipeline.pending.track(
+            name, getattr(made, _MEASURE[semconv.METRICS[name].kind]))
 
     def apply_all(self, batch: list[tuple[Any, ...]]) -> float | None:
         """Apply a batch; the shutdown bound if the batch asks to shut down.
@@ -119,11 +125,30 @@ class Exporter:
                 self.apply(op)
             except Exception as err:  # one bad operation never stops the exporter
                 self.errors += 1
-                remote.count_lost(op, self.pipeline.dropped)
+                self._count_unapplied(op)
                 if self.errors <= 5:
                     print(f"otel-train exporter: cannot apply {op[0]!r}: {err!r}",
                           file=sys.stderr)
         return None
+
+    def _count_unapplied(self, op: tuple[Any, ...]) -> None:
+        """Its spans and log records are lost; of its metric series, those no other
+        measurement makes a point of in the next collection."""
+        series: set[Any] = set()
+        remote.count_lost(op, self.pipeline.dropped, series, self.names)
+        with self.pipeline.pending.lock:
+            pending = self.pipeline.pending.keys()
+        self.pipeline.dropped[semconv.SIGNAL_METRICS] += len(series - pending)
+
+    def _state(self) -> tuple[dict[str, int], dict[str, dict[str, int]], Any, Any]:
+        """(drops, accounts, pending series version, the series or None if the training
+        process has them already), read under the pending series' lock: a collection moves
+        points from pending to produced, and the two are read on the same side of it."""
+        pipeline = self.pipeline
+        with pipeline.pending.lock:
+            version = pipeline.pending.version()
+            keys = pipeline.pending.keys() if version != self._series_sent else None
+            return dict(pipeline.dropped), pipeline.accounts.snapshot(), version, keys
 
     def report_drops(self, sock: socket.socket, applied: int | None = None) -> None:
         """Tell the training process what this exporter has dropped so far (refused exports,
@@ -137,14 +162,14 @@ class Exporter:
         with self.send_lock:
             if applied is not None:
                 self.applied = applied
-            counts = dict(self.pipeline.dropped)
-            accounts = self.pipeline.accounts.snapshot()
-            state = (counts, accounts, self.applied)
+            counts, accounts, version, keys = self._state()
+            state = (counts, accounts, self.applied, version)
             if state == self._reported and applied is None:
                 return
-            data = pickle.dumps((remote.REPLY_DROPS, counts, accounts, self.applied),
-                                protocol=5)
-            frame = remote._HEADER.pack(len(data)) + data
+            frame = remote.encode(
+                (remote.REPLY_DROPS, counts, accounts, self.applied))
+            if keys is not None:  # the series first: the counts after them rely on them
+                frame = remote.encode((remote.REPLY_SERIES, keys), kept=True) + frame
             try:
                 if applied is not None:
                     sock.sendall(frame)
@@ -155,6 +180,7 @@ class Exporter:
             except OSError:  # full (the next report carries the same counts) or closed
                 return
             self._reported = state
+            self._series_sent = version
 
 
 def _watch_parent(sock: socket.socket) -> None:

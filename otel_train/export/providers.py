@@ -32,6 +32,7 @@ from opentelemetry.sdk.metrics import (
     MeterProvider,
     TraceBasedExemplarFilter,
 )
+from opentelemetry.sdk.metrics import Counter as SdkCounter
 from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -213,8 +214,10 @@ def _advised_buckets(aggregation: Any) -> bool:
 
 
 class _CountingMetricExporter(MetricExporter):
-    def __init__(self, inner: MetricExporter, accounts: Accounts,
-                 extra: Any = None) -> None:
+    """Counts what the exporter confirmed or lost of each collection (the reader counts what
+    was collected: :class:`_CountingMetricReader`)."""
+
+    def __init__(self, inner: MetricExporter, accounts: Accounts) -> None:
         # the wrapped exporter's preferences are private attributes of the SDK's base class:
         # read them guarded, as a later 1.x release may keep them elsewhere
         super().__init__(
@@ -222,19 +225,10 @@ class _CountingMetricExporter(MetricExporter):
             preferred_aggregation=getattr(inner, "_preferred_aggregation", None),
         )
         self._inner, self._accounts = inner, accounts
-        #: (CollectiveDurations, resource, scope): a histogram aggregated by otel-train,
-        #: added to every collection (export/collective_histogram.py)
-        self.extra = extra
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
                ) -> MetricExportResult:
-        if self.extra is not None:
-            histogram, resource, scope = self.extra
-            metric = histogram.metric()
-            if metric is not None:
-                metrics_data = _with_metric(metrics_data, metric, resource, scope)
-        points = _count_points(metrics_data)  # a collection's points: produced for export
-        self._accounts.produce(semconv.SIGNAL_METRICS, points)
+        points = _count_points(metrics_data)
         try:
             result = self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
         except Exception:
@@ -248,6 +242,136 @@ class _CountingMetricExporter(MetricExporter):
 
     def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
         self._inner.shutdown(timeout_millis=timeout_millis)
+
+
+def series_key(name: str, attributes: Any) -> tuple[str, frozenset[Any]]:
+    """One metric series, which makes one data point in each collection it is part of: the
+    metric's name and its attribute set."""
+    items = (attributes or {}).items()
+    try:
+        return name, frozenset(items)
+    except TypeError:  # an unhashable value (a list): its text tells the series apart too
+        return name, frozenset((k, repr(v)) for k, v in items)
+
+
+class PendingPoints:
+    """The series the next metric collection will carry, one data point each: what a
+    collection that never happens (its exporter process killed) loses, counted in the same
+    unit as the collections that do happen. A cumulative series stays from its first
+    measurement on; a delta one until the next collection; none after the final one.
+
+    ``lock`` is held by every tracked measurement and by each collection, so the series here
+    are exactly those the SDK's aggregations hold; otel-train's own collective histogram
+    keeps its series itself (:meth:`CollectiveDurations.series_keys`)."""
+
+    def __init__(self, delta_metrics: frozenset[str],
+                 collective: CollectiveDurations | None) -> None:
+        self.lock = threading.Lock()
+        self._keys: set[tuple[str, frozenset[Any]]] = set()
+        self._delta = delta_metrics
+        self._collective = collective
+        self._version = 0
+        self._final = False
+
+    def track(self, name: str, measure: Any) -> Any:
+        """``measure`` (an SDK instrument's ``record``/``add``/``set``) noting its series."""
+        keys, lock = self._keys, self.lock
+
+        def tracked(value: float, attributes: Any = None, **kwargs: Any) -> None:
+            key = series_key(name, attributes)
+            with lock:
+                if key not in keys:
+                    keys.add(key)
+                    self._version += 1
+                measure(value, attributes, **kwargs)
+
+        return tracked
+
+    def collected(self, final: bool) -> None:
+        """A collection was made (``lock`` held): its delta series start again; after the
+        final one no collection follows, so none is pending (what is measured after it is
+        lost with or without a killed exporter: nothing makes measurements then)."""
+        if final:
+            self._final = True
+            self._keys.clear()
+            self._version += 1
+            return
+        gone = [k for k in self._keys if k[0] in self._delta]
+        if gone:
+            self._keys.difference_update(gone)
+            self._version += 1
+
+    def version(self) -> tuple[int, int]:
+        """Changes whenever the series do (``lock`` held)."""
+        return self._version, self._collective.version if self._collective else 0
+
+    def keys(self) -> frozenset[tuple[str, frozenset[Any]]]:
+        """The series now (``lock`` held)."""
+        if self._final or self._collective is None:
+            return frozenset(self._keys)
+        return frozenset(self._keys) | self._collective.series_keys()
+
+
+#: the SDK instrument class of each kind of metric; the synchronous gauge is not here: the
+#: exporters' temporality preferences never name it, and the SDK reads it cumulative
+_SDK_CLASS = {semconv.HISTOGRAM: SdkHistogram, semconv.COUNTER: SdkCounter}
+
+
+def _delta_metrics(exporter: MetricExporter) -> frozenset[str]:
+    """The metrics ``exporter`` collects as deltas (its temporality preference, as
+    OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE sets it)."""
+    preferred = getattr(exporter, "_preferred_temporality", None) or {}
+    return frozenset(name for name, spec in semconv.METRICS.items()
+                     if preferred.get(_SDK_CLASS.get(spec.kind)) == AggregationTemporality.DELTA)
+
+
+class _CountingMetricReader(PeriodicExportingMetricReader):
+    """The SDK's periodic reader, counting each collection's points as produced the moment
+    they are collected (an export that waits for the one in flight before it, or outlasts
+    the shutdown bound, is counted all the same), adding otel-train's own collective
+    histogram to each, and making the run's last collection at once when told
+    (:meth:`final_collection`), rather than after an export in flight has ended."""
+
+    def __init__(self, exporter: _CountingMetricExporter, accounts: Accounts,
+                 pending: PendingPoints, extra: Any = None, **settings: Any) -> None:
+        self._accounts, self._pending = accounts, pending
+        #: (CollectiveDurations, resource, scope): a histogram aggregated by otel-train,
+        #: added to every collection (export/collective_histogram.py)
+        self.extra = extra
+        self._taken: tuple[MetricsData, float] | None = None
+        self._final = False
+        super().__init__(exporter, **settings)
+
+    def collect(self, timeout_millis: float = 10_000) -> None:
+        """A collection (the SDK's ticker, a flush); none after the final one."""
+        self._collect_and_export(timeout_millis, final=False)
+
+    def final_collection(self, timeout_millis: float) -> None:
+        """The run's last collection, on the caller's thread, and its export."""
+        self._collect_and_export(timeout_millis, final=True)
+
+    def _collect_and_export(self, timeout_millis: float, final: bool) -> None:
+        # the collection under the pending series' lock (no measurement between the two),
+        # the export outside it: an export to a stalled collector never holds measurements
+        with self._pending.lock:
+            if self._final:
+                return
+            self._final = final
+            super().collect(timeout_millis=timeout_millis)  # ends in _receive_metrics
+            taken, self._taken = self._taken, None
+            self._pending.collected(final)
+        if taken is not None:
+            super()._receive_metrics(*taken)
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000,
+                         **kwargs: Any) -> None:
+        if self.extra is not None:
+            histogram, resource, scope = self.extra
+            metric = histogram.metric()
+            if metric is not None:
+                metrics_data = _with_metric(metrics_data, metric, resource, scope)
+        self._accounts.produce(semconv.SIGNAL_METRICS, _count_points(metrics_data))
+        self._taken = (metrics_data, timeout_millis)
 
 
 def _queue_full(processor: Any) -> bool:
@@ -506,7 +630,9 @@ class Pipeline:
             sampler=ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
             span_limits=_sdk_limits(SpanLimits, span_limits), shutdown_on_exit=False,
         )
-        self.readers: list[PeriodicExportingMetricReader] = []
+        self.readers: list[_CountingMetricReader] = []
+        #: the series the next collection will carry (no metric exporter: none, ever)
+        self.pending = PendingPoints(frozenset(), None)
         self.processors: list[Any] = []
         self.logger_provider = LoggerProvider(
             resource=self.resource, shutdown_on_exit=False,
@@ -536,9 +662,10 @@ class Pipeline:
                 self.collective_durations = CollectiveDurations(delta=delta)
             extra = (None if self.collective_durations is None else
                      (self.collective_durations, self.resource, self._scope))
-            self.readers.append(PeriodicExportingMetricReader(
-                _CountingMetricExporter(metrics, self.accounts, extra),
-                **config_mod.metric_reader_settings()))
+            self.pending = PendingPoints(_delta_metrics(metrics), self.collective_durations)
+            self.readers.append(_CountingMetricReader(
+                _CountingMetricExporter(metrics, self.accounts), self.accounts, self.pending,
+                extra, **config_mod.metric_reader_settings()))
         self.meter_provider = MeterProvider(
             resource=self.resource, metric_readers=self.readers, shutdown_on_exit=False,
             exemplar_filter=_EXEMPLAR_FILTERS[config_mod.exemplar_filter()]())
@@ -692,19 +819,34 @@ class Pipeline:
     def shutdown(self, timeout_s: float) -> bool:
         """Flush and shut down within ``timeout_s``; False if it had to give up waiting.
 
-        The SDK's ``force_flush`` ignores its timeout, so the work runs on a daemon thread
-        and we stop waiting for it: leaving ``instrument()`` never hangs on a dead collector.
+        Each signal flushes on a thread of its own, all at once, each with the whole bound:
+        one after another, a collector that never answers kept the spans' flush busy for
+        the whole bound and the final metric collection never happened, its points lost
+        uncounted. The SDK's ``force_flush`` ignores its timeout, so the threads are daemons
+        we stop waiting for: leaving ``instrument()`` never hangs on a dead collector.
         """
-
-        def work() -> None:
-            for provider in (self.tracer_provider, self.logger_provider):
-                provider.force_flush()
-            self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
-            self.tracer_provider.shutdown()
-            self.logger_provider.shutdown()
-
-        worker = threading.Thread(target=work, name="otel-train-shutdown", daemon=True)
-        worker.start()
-        worker.join(timeout_s)
+        deadline = time.monotonic() + timeout_s
+        workers = [threading.Thread(target=work, args=(timeout_s,), daemon=True,
+                                    name=f"otel-train-shutdown-{signal}")
+                   for signal, work in ((semconv.SIGNAL_METRICS, self._shutdown_metrics),
+                                        (semconv.SIGNAL_SPANS, self._shutdown_traces),
+                                        (semconv.SIGNAL_LOGS, self._shutdown_logs))]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
         self.accounts.close()  # what is still queued or in flight now is dropped
-        return not worker.is_alive()
+        return not any(worker.is_alive() for worker in workers)
+
+    def _shutdown_metrics(self, timeout_s: float) -> None:
+        for reader in self.readers:  # collected now, whatever export is still in flight
+            reader.final_collection(timeout_s * 1000)
+        self.meter_provider.shutdown(timeout_millis=timeout_s * 1000)
+
+    def _shutdown_traces(self, timeout_s: float) -> None:
+        self.tracer_provider.force_flush()
+        self.tracer_provider.shutdown()
+
+    def _shutdown_logs(self, timeout_s: float) -> None:
+        self.logger_provider.force_flush()
+        self.logger_provider.shutdown()

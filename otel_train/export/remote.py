@@ -12,13 +12,16 @@ The wire: one AF_UNIX stream socket; each message a little-endian u64 length and
 list of operations. The emitter thread sends a batch after each drain: a blocking send,
 which releases the GIL while it waits, so a slow exporter slows the emitter (whose
 bounded buffer then drops and counts) and never the training thread. An exporter that
-dies is restarted (at most ``MAX_RESTARTS`` times); what it had not taken is counted as
-dropped, and the counts reach the metrics of the next exporter and the user at exit. The
-exporter reports its own losses back after each batch that changed them (absolute counts,
-read without waiting at each drain), so the emitter's dropped counter and ``Instrumentation
-.dropped`` include them, as they do with export in process. The
-exporter reads until the socket closes, so it never outlives the training process (also
-after SIGKILL: the kernel closes the socket), and it holds no shared memory.
+dies is restarted (at most ``MAX_RESTARTS`` times; every loss is warned about and counted
+in ``losses``); what it had not taken is counted as dropped, metrics in data points as they
+are exported: the points of the collection it never made, one per series it held (which it
+reports whenever they change) or that what it never applied would have added. The counts
+reach the metrics of the next exporter and the user at exit. The exporter reports its own
+losses back after each batch that changed them (absolute counts, read without waiting at
+each drain), so the emitter's dropped counter and ``Instrumentation.dropped`` include them,
+as they do with export in process. The exporter reads until the socket closes, so it never
+outlives the training process (also after SIGKILL: the kernel closes the socket), and it
+holds no shared memory.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from otel_train import semconv
 from otel_train.config import Config, ConfigWarning
 from otel_train.export import collective_rows, step_rows
-from otel_train.export.providers import SIGNALS, choose_exporter
+from otel_train.export.providers import SIGNALS, choose_exporter, series_key
 from otel_train.identity import Identity
 
 # operations: the first element says what the rest is
@@ -63,6 +66,9 @@ REPLY_DONE = "done"  # (done, {signal: dropped}, flushed, accounts, batches appl
 #: (drops, {signal: dropped so far}, accounts, batches applied): after every batch, and when
 #: the counts change; accounts: providers.Accounts.snapshot()
 REPLY_DROPS = "drops"
+#: (series, frozenset of providers.series_key): the series the exporter's next metric
+#: collection will carry, sent when they change; one point each is what its loss costs
+REPLY_SERIES = "series"
 
 MAX_RESTARTS = 3
 READY_TIMEOUT_S = 60.0
@@ -74,6 +80,9 @@ REPLY_POLL_S = 0.5
 #: unacknowledged batches past which the replies are read at once (bounds what they hold)
 REPLY_POLL_BATCHES = 32
 _HEADER = struct.Struct("<Q")
+#: set in a frame's length header: a frame the poll keeps even when later ones arrived with
+#: it (the pending series are sent only when they change: skipping one would lose them)
+_KEPT = 1 << 63
 _SIGNAL_OF_OP = {OP_SPAN: semconv.SIGNAL_SPANS, OP_LOG: semconv.SIGNAL_LOGS,
                  OP_MEASURE: semconv.SIGNAL_METRICS}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -89,25 +98,59 @@ _BOOT = (
 )
 
 
-def count_lost(op: tuple[Any, ...], dropped: collections.Counter[str]) -> None:
-    """Count an operation that will never be applied, by the signals it would have made."""
-    signal = _SIGNAL_OF_OP.get(op[0])
-    if signal is not None:
+def count_lost(op: tuple[Any, ...], dropped: collections.Counter[str],
+               series: set[tuple[str, frozenset[Any]]], names: dict[int, str]) -> None:
+    """Count an operation that will never be applied: its spans and log records into
+    ``dropped``, and the metric series it would have measured into ``series`` (``names``:
+    instrument id -> metric name). Metrics are counted in data points, as they are exported:
+    a lost measurement costs a point only where no other measurement makes its series' point
+    in the same collection, so the caller counts the series, not the measurements."""
+    kind = op[0]
+    signal = _SIGNAL_OF_OP.get(kind)
+    if kind == OP_MEASURE:
+        series.add(series_key(names.get(op[1], str(op[1])), op[3]))
+    elif signal is not None:
         dropped[signal] += 1
-    elif op[0] == OP_COLLECTIVES:  # what the expansion would have made, exactly
-        if isinstance(op[1], collective_rows.Spec):
-            spans, points = collective_rows.lost(op[1], op[2])
-        else:
-            from otel_train.nccl import rows as nccl_rows
-
-            spans, points = nccl_rows.lost(op[1], op[2])
+    elif kind == OP_COLLECTIVES:  # what the expansion would have made, exactly
+        dropped[semconv.SIGNAL_SPANS] += _expand_lost(op, series, names)
+    elif kind == OP_STEP:
+        spans, _, logs = step_rows.lost(op[1])
         dropped[semconv.SIGNAL_SPANS] += spans
-        dropped[semconv.SIGNAL_METRICS] += points
-    elif op[0] == OP_STEP:
-        spans, points, logs = step_rows.lost(op[1])
-        dropped[semconv.SIGNAL_SPANS] += spans
-        dropped[semconv.SIGNAL_METRICS] += points
         dropped[semconv.SIGNAL_LOGS] += logs
+        step_rows.emit(op[1], _nothing, _nothing,
+                       *(_series_of(series, names.get(i, str(i))) for i in op[2:]))
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _series_of(series: set[tuple[str, frozenset[Any]]], name: str) -> Callable[..., None]:
+    """An instrument's ``record``/``add`` that notes the series it would have measured."""
+    def measure(value: float, attributes: Any = None, **kwargs: Any) -> None:
+        series.add(series_key(name, attributes))
+
+    return measure
+
+
+def _expand_lost(op: tuple[Any, ...], series: set[tuple[str, frozenset[Any]]],
+                 names: dict[int, str]) -> int:
+    """The spans a lost OP_COLLECTIVES would have made; its series into ``series``."""
+    _, spec, rows, duration_id, size_id = op
+    spans = [0]
+
+    def one_span(*args: Any, **kwargs: Any) -> None:
+        spans[0] += 1
+
+    duration = _series_of(series, names.get(duration_id, semconv.METRIC_COLLECTIVE_DURATION))
+    size = _series_of(series, names.get(size_id, semconv.METRIC_COLLECTIVE_SIZE))
+    if isinstance(spec, collective_rows.Spec):
+        collective_rows.expand(spec, rows, one_span, duration, size)
+    else:
+        from otel_train.nccl import rows as nccl_rows
+
+        nccl_rows.expand(spec, rows, one_span, duration, size)
+    return spans[0]
 
 
 def ctx_tuple(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
@@ -117,15 +160,20 @@ def ctx_tuple(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
     return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.is_remote)
 
 
-def send_message(sock: socket.socket, obj: Any) -> None:
+def encode(obj: Any, kept: bool = False) -> bytes:
+    """One frame: the length header (marked if ``kept``: see _KEPT) and the pickle."""
     data = pickle.dumps(obj, protocol=5)
-    sock.sendall(_HEADER.pack(len(data)) + data)
+    return _HEADER.pack(len(data) | (_KEPT if kept else 0)) + data
+
+
+def send_message(sock: socket.socket, obj: Any) -> None:
+    sock.sendall(encode(obj))
 
 
 def recv_message(sock: socket.socket) -> Any:
     """One message, or raises EOFError when the other side has closed."""
     header = _recv_exactly(sock, _HEADER.size)
-    return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0]))
+    return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0] & ~_KEPT))
 
 
 class _Inbox:
@@ -137,7 +185,8 @@ class _Inbox:
 
     def poll(self, sock: socket.socket) -> list[Any]:
         """The latest of what has arrived, without blocking: every reply carries absolute
-        counts and the batches applied so far, so the last one says all the others do."""
+        counts and the batches applied so far, so the last one says all the others do; and
+        the latest kept frame (the pending series), which later ones do not repeat."""
         while True:
             try:
                 chunk = sock.recv(65536, socket.MSG_DONTWAIT)
@@ -171,17 +220,19 @@ class _Inbox:
 
     def _frames(self, latest_only: bool = False) -> list[Any]:
         buf, size = self._buf, _HEADER.size
-        spans = []  # (start, end) of each whole frame
+        spans = []  # (start, end, kept) of each whole frame
         at = 0
         while len(buf) - at >= size:
-            (n,) = _HEADER.unpack_from(buf, at)
+            (raw,) = _HEADER.unpack_from(buf, at)
+            n = raw & ~_KEPT
             if len(buf) - at < size + n:
                 break
-            spans.append((at + size, at + size + n))
+            spans.append((at + size, at + size + n, bool(raw & _KEPT)))
             at += size + n
         if latest_only:
-            spans = spans[-1:]
-        out = [pickle.loads(bytes(buf[start:end])) for start, end in spans]
+            kept = [span for span in spans if span[2]][-1:]
+            spans = sorted({*kept, *spans[-1:]})
+        out = [pickle.loads(bytes(buf[start:end])) for start, end, _ in spans]
         del buf[:at]
         return out
 
@@ -288,6 +339,13 @@ class RemotePipeline:
         self._unacked: collections.deque[tuple[int, list[tuple[Any, ...]]]] = (
             collections.deque())
         self._sent_batches = 0
+        #: the running exporter's pending metric series (its latest REPLY_SERIES)
+        self._series_live: frozenset[tuple[str, frozenset[Any]]] = frozenset()
+        #: the series of the collection the last lost exporter never made, while no other
+        #: runs: what is lost after it adds a point only for a series not in it
+        self._lost_series: set[tuple[str, frozenset[Any]]] = set()
+        #: instrument id -> metric name
+        self._names: dict[int, str] = {}
         self._inbox = _Inbox()
         self._replies_read_at = 0.0  # time.monotonic() of the last read of the replies
         #: exporter reports taken (and exporters retired): what the emitter's drop report
@@ -296,6 +354,8 @@ class RemotePipeline:
         self.kind = choose_exporter(cfg)
         self.meter = _ProxyMeter(self)
         self.restarts = 0
+        #: exporter processes lost (died, killed) before the run's end; each one warned
+        self.losses = 0
         self.on_warning = on_warning
         self._settings = (cfg, ident, run_dir)
         self._ops: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -347,9 +407,8 @@ class RemotePipeline:
             send_message(ours, list(self._instruments))
 
     def _exporter_lost(self, ops: Sequence[tuple[Any, ...]], why: str) -> None:
-        """Count what did not reach the exporter, and start another one if allowed."""
-        for op in ops:
-            count_lost(op, self.dropped)
+        """The running exporter is gone: count what it and ``ops`` (which did not reach it)
+        lose, warn, and start another one if a restart is left."""
         sock, proc = self._sock, self._proc
         self._sock = self._proc = None
         if sock is not None:  # its last acknowledgements and accounts may still be unread
@@ -357,39 +416,74 @@ class RemotePipeline:
                 self._take_replies(self._inbox.poll(sock))
             except Exception:
                 pass
-        self._settle_lost_exporter()
+        self._settle_lost_exporter(ops)
         if sock is not None:
             sock.close()
         if proc is not None:
             proc.kill()
             proc.wait()
+        self.losses += 1
+        lost = f"otel-train: the exporter process was lost ({why}), loss {self.losses}"
         if self.restarts >= MAX_RESTARTS:
+            self._warn(f"{lost}; no restart left ({MAX_RESTARTS} used): the rest of this "
+                       "run's telemetry is dropped and counted")
             return
+        self._restart(f"{lost}; starting another")
+
+    def _restart(self, warning: str) -> None:
         self.restarts += 1
-        if self.on_warning is not None:
-            self.on_warning(f"otel-train: the exporter process was lost ({why}); starting "
-                            f"another ({self.restarts} of {MAX_RESTARTS})")
+        self._warn(f"{warning} ({self.restarts} of {MAX_RESTARTS})")
         try:
             self._start_exporter()
         except ExporterUnavailable as err:
-            if self.on_warning is not None:
-                self.on_warning(f"otel-train: {err}")
+            self._warn(f"otel-train: {err}")
+            return
+        self._lost_series = set()  # the new exporter collects afresh
 
-    def _settle_lost_exporter(self) -> None:
-        """An exporter ended without saying it flushed: what it was sent and never applied
-        (unacknowledged batches) is dropped, and so is what it had taken and not exported by
-        its last report (queued in its SDK when it died)."""
-        for _, batch in self._unacked:
+    def _warn(self, text: str) -> None:
+        if self.on_warning is not None:
+            self.on_warning(text)
+
+    def _lost_without_exporter(self, ops: Sequence[tuple[Any, ...]]) -> None:
+        """No exporter runs (none could be started, or no restart is left): ``ops`` are
+        lost, their metric series a point each where the collection the lost exporter never
+        made did not hold them already. Another exporter is tried while restarts are left."""
+        before = len(self._lost_series)
+        for op in ops:
+            count_lost(op, self.dropped, self._lost_series, self._names)
+        self.dropped[semconv.SIGNAL_METRICS] += len(self._lost_series) - before
+        if self.restarts < MAX_RESTARTS:
+            self._restart("otel-train: no exporter process runs; starting another")
+
+    def _settle_lost_exporter(self, ops: Sequence[tuple[Any, ...]] = ()) -> None:
+        """An exporter ended without saying it flushed: dropped are what it was sent and
+        never applied (unacknowledged batches, and ``ops``, which never reached it), what
+        it had taken and not exported by its last report (queued in its SDK when it died),
+        and the points of the metric collection it never made: one for each series it held,
+        and one for each series that only what it never applied would have added."""
+        held = set(self._series_live)
+        lost = set(held)
+        for batch in (*(b for _, b in self._unacked), ops):
             for op in batch:
-                count_lost(op, self.dropped)
+                count_lost(op, self.dropped, lost, self._names)
         self._unacked.clear()
         accounts = self._accounts_live
-        for signal, produced in accounts.get("produced", {}).items():
+        for kind in ("produced", "exported", "dropped"):
+            accounts.setdefault(kind, {})
+        # the collection it never made: the held series' points were its SDK's, so they
+        # are produced and dropped in its accounts; those only unapplied operations would
+        # have added never reached an SDK (as unapplied spans); the run's drops hold both
+        for kind in ("produced", "dropped"):
+            counts = accounts[kind]
+            counts[semconv.SIGNAL_METRICS] = counts.get(semconv.SIGNAL_METRICS, 0) + len(held)
+        self.dropped[semconv.SIGNAL_METRICS] += len(lost)
+        for signal, produced in accounts["produced"].items():
             missing = (produced - accounts["exported"].get(signal, 0)
                        - accounts["dropped"].get(signal, 0))
             if missing > 0:
                 accounts["dropped"][signal] = accounts["dropped"].get(signal, 0) + missing
                 self.dropped[signal] += missing
+        self._lost_series = lost
         self._retire_exporter_counts()
 
     def _retire_exporter_counts(self) -> None:
@@ -401,6 +495,7 @@ class RemotePipeline:
         self._accounts_live = {}
         self._unacked.clear()
         self._sent_batches = 0
+        self._series_live = frozenset()
         self._inbox = _Inbox()
 
     def _replies_due(self) -> bool:
@@ -418,7 +513,9 @@ class RemotePipeline:
         done = None
         self.reports_taken += len(frames)
         for frame in frames:
-            if frame[0] == REPLY_DROPS:
+            if frame[0] == REPLY_SERIES:
+                self._series_live = frame[1]
+            elif frame[0] == REPLY_DROPS:
                 self._exporter_live = collections.Counter(frame[1])
                 if len(frame) >= 4:
                     self._accounts_live = frame[2]
@@ -454,6 +551,7 @@ class RemotePipeline:
     def define_instrument(self, name: str) -> _ProxyInstrument:
         iid = len(self._instruments)
         op = (OP_INSTRUMENT, iid, name)
+        self._names[iid] = name
         self._instruments.append(op)
         self._ops.append(op)
         return _ProxyInstrument(iid, self._ops)
@@ -519,7 +617,7 @@ class RemotePipeline:
     def _send(self, batch: list[tuple[Any, ...]]) -> None:
         sock = self._sock
         if sock is None:
-            self._exporter_lost(batch, "gone")
+            self._lost_without_exporter(batch)
             return
         try:
             if self._replies_due():
@@ -552,17 +650,19 @@ class RemotePipeline:
         """Send what is left, let the exporter flush within ``timeout_s``, collect its
         counts of what it dropped; False if it had to be killed."""
         deadline = time.monotonic() + timeout_s
+        killed = False
         if not self._send_lock.acquire(timeout=max(0.0, timeout_s / 2)):
             # the emitter is stuck sending to an exporter that does not read: end it
             if self._proc is not None:
                 self._proc.kill()
+                killed = True
             self._send_lock.acquire()
         try:
-            return self._shutdown_locked(deadline)
+            return self._shutdown_locked(deadline, killed)
         finally:
             self._send_lock.release()
 
-    def _shutdown_locked(self, deadline: float) -> bool:
+    def _shutdown_locked(self, deadline: float, killed: bool) -> bool:
         rest = list(self._ops)
         self._ops.clear()
         if rest:
@@ -586,6 +686,11 @@ class RemotePipeline:
             pass
         if done is None:  # no final word within the bound: what is unconfirmed is dropped
             self._settle_lost_exporter()
+            if proc.poll() is not None and not killed:  # it ended by itself: a loss
+                self.losses += 1
+                self._warn(f"otel-train: the exporter process was lost at the run's end "
+                           f"(exit status {proc.returncode}), loss {self.losses}; what it "
+                           "had not exported is dropped and counted")
         else:
             self._retire_exporter_counts()
         sock.close()

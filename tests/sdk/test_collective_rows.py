@@ -9,6 +9,7 @@ import pytest
 
 from otel_train import semconv
 from otel_train.export import collective_rows, remote
+from otel_train.export.providers import series_key
 
 FWD = (1, 10, 1, False)
 
@@ -75,13 +76,26 @@ def test_summary_keeps_slow_stalled_and_unfinished_ones_on_their_own():
 
 @pytest.mark.parametrize("summary,sampled,points", [(False, True, True), (True, True, True),
                                                     (False, False, True), (True, True, False)])
-def test_a_lost_batch_counts_exactly_what_it_would_have_made(summary, sampled, points):
+def test_a_lost_batch_counts_its_spans_and_the_series_it_would_have_measured(summary, sampled,
+                                                                            points):
+    # metrics are counted in data points: one per series in a collection, however many
+    # measurements made it, so a lost batch names its series and the caller counts them
     spec = _spec(summary, sampled, points)
-    spans, made_points = _made(spec, ROWS)
+    spans, _ = _made(spec, ROWS)
+    measured = set()
+
+    def instrument(name):
+        return lambda value, attrs, context=None: measured.add(series_key(name, attrs))
+
+    collective_rows.expand(spec, ROWS, lambda *a, **k: None, instrument("duration"),
+                           instrument("size"))
     dropped: collections.Counter[str] = collections.Counter()
-    remote.count_lost((remote.OP_COLLECTIVES, spec, ROWS, 0, 1), dropped)
+    series: set = set()
+    remote.count_lost((remote.OP_COLLECTIVES, spec, ROWS, 0, 1), dropped, series,
+                      {0: "duration", 1: "size"})
     assert dropped[semconv.SIGNAL_SPANS] == len(spans)
-    assert dropped[semconv.SIGNAL_METRICS] == sum(made_points.values())
+    assert series == measured and (len(series) > 0) == points
+    assert dropped[semconv.SIGNAL_METRICS] == 0
 
 
 def test_points_every_duration_the_bytes_summed_and_the_slowest_carries_the_exemplar():

@@ -7,6 +7,7 @@ with SIGKILL; nothing is simulated.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ from support import otlp_files, training
 import otel_train
 from otel_train import semconv
 from otel_train.config import ConfigWarning
-from otel_train.export import exporter_process
+from otel_train.export import exporter_process, remote
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,9 +33,12 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # a zombie is dead for our purposes (its parent has not reaped it yet)
+    # a zombie is dead for our purposes (its parent has not reaped it yet) once its last
+    # thread has exited too: the leader turns zombie first, and until the others are gone
+    # its files (the socket among them) are still open
     try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+        zombie = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+        return not zombie or len(os.listdir(f"/proc/{pid}/task")) > 1
     except OSError:
         return False
 
@@ -98,6 +102,74 @@ def test_a_killed_exporter_is_replaced_and_training_goes_on(tmp_path):
     # what the files hold: at least what was confirmed, at most what was produced
     assert accounts["exported"][semconv.SIGNAL_SPANS] <= len(spans) \
         <= accounts["produced"][semconv.SIGNAL_SPANS]
+
+
+def _written(run_dir: Path) -> dict[str, int]:
+    """Spans, log records and metric data points a run directory holds."""
+    return {semconv.SIGNAL_SPANS: len(otlp_files.spans(run_dir)),
+            semconv.SIGNAL_LOGS: len(otlp_files.logs(run_dir)),
+            semconv.SIGNAL_METRICS: otlp_files.data_points(run_dir)}
+
+
+def _kill_exporter(inst, model, opt, batches) -> None:
+    """SIGKILL the running exporter; one more step (its batch fetch ends the step before,
+    whose telemetry finds the exporter gone); wait for the pipeline to notice."""
+    pipeline = inst._pipeline
+    pid, losses = pipeline.pid, pipeline.losses
+    replaced = pipeline.restarts < remote.MAX_RESTARTS  # before the loss: it takes a restart
+    time.sleep(0.3)  # several drains (emit_interval_s) have reached it
+    os.kill(pid, signal.SIGKILL)
+    assert _wait_gone(pid, 5.0)
+    training.one_step(model, opt, next(batches))
+    deadline = time.monotonic() + 20
+    while (pipeline.losses == losses or (replaced and pipeline.pid is None)) \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pipeline.losses == losses + 1
+    assert (pipeline.pid not in (None, pid)) == replaced
+
+
+def _train_killing(out: Path, steps: int, kill_after: tuple[int, ...] = ()):
+    """``steps`` steps to files, the exporter SIGKILLed after each step in ``kill_after``
+    (each kill costs the step after it to find it gone)."""
+    model, opt, loader = training.setup(batches=steps)
+    it = iter(loader)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)  # "telemetry dropped": asserted below
+        with otel_train.instrument(model, output_dir=out, emit_interval_s=0.05) as inst:
+            for step, batch in enumerate(it):
+                training.one_step(model, opt, batch)
+                if step in kill_after:
+                    _kill_exporter(inst, model, opt, it)
+    return inst
+
+
+def test_a_killed_exporters_metrics_are_counted_in_data_points(tmp_path):
+    twin = _written(otlp_files.only_run_dir(_train_killing(tmp_path / "twin", 12).run_dir.parent))
+    inst = _train_killing(tmp_path / "killed", 12, kill_after=(4,))
+    written = _written(otlp_files.only_run_dir(tmp_path / "killed"))
+    accounts = inst.telemetry
+    # the collection the killed exporter never made: a point for each series it held (by
+    # step 4 every series of the run, as many as the twin's one collection), not one for
+    # each of its ~30 measurements
+    assert inst.dropped[semconv.SIGNAL_METRICS] == twin[semconv.SIGNAL_METRICS], inst.dropped
+    # the replacement's collection, what the files hold
+    assert accounts["exported"][semconv.SIGNAL_METRICS] == written[semconv.SIGNAL_METRICS] > 0
+    assert accounts["produced"][semconv.SIGNAL_METRICS] == (
+        accounts["exported"][semconv.SIGNAL_METRICS]
+        + accounts["dropped"][semconv.SIGNAL_METRICS]), accounts
+    for sig in (semconv.SIGNAL_SPANS, semconv.SIGNAL_LOGS):  # all that the twin made
+        assert accounts["exported"][sig] + inst.dropped.get(sig, 0) == twin[sig], (sig, accounts)
+
+
+def test_every_lost_exporter_is_warned_and_counted_past_the_last_restart(tmp_path, capsys):
+    kills = tuple(range(1, 1 + 2 * (remote.MAX_RESTARTS + 1), 2))  # one loss more than restarts
+    inst = _train_killing(tmp_path, 2 * len(kills) + 4, kill_after=kills)
+    lost = [json.loads(line)["detail"] for line in capsys.readouterr().err.splitlines()
+            if '"otel_train.exporter_lost"' in line]
+    assert [f"loss {n}" in text for n, text in enumerate(lost, 1)] == [True] * len(kills), lost
+    assert "no restart left" in lost[-1] and inst._pipeline.losses == len(kills)
+    assert inst._pipeline.restarts == remote.MAX_RESTARTS
 
 
 def test_an_exporter_that_cannot_start_leaves_export_in_process(tmp_path, monkeypatch):

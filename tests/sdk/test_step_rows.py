@@ -9,6 +9,7 @@ import pytest
 
 from otel_train import identity, semconv
 from otel_train.export import remote, step_rows
+from otel_train.export.providers import series_key
 
 
 def _record(rank: int, sampled: bool, samples: int = 8, tokens: int = 0) -> step_rows.StepRecord:
@@ -31,6 +32,7 @@ class _Made:
         self.spans: list[tuple] = []
         self.logs: list[tuple] = []
         self.points: collections.Counter[str] = collections.Counter()
+        self.series: set = set()
 
     def span(self, name, parent, start, end, attrs, span_id=0, trace_id=0, links=(),
              error=None, events=()):
@@ -42,6 +44,7 @@ class _Made:
     def instrument(self, name):
         def record(value, attrs, context=None):
             self.points[name] += 1
+            self.series.add(series_key(name, attrs))
         return record
 
     def emit(self, record: step_rows.StepRecord) -> None:
@@ -52,14 +55,18 @@ class _Made:
 
 @pytest.mark.parametrize("rank,sampled,tokens", [(0, True, 0), (1, True, 64), (0, False, 64)])
 def test_what_a_lost_step_counts_is_what_it_would_have_made(rank, sampled, tokens):
+    # its spans and log, and the metric series it would have measured: metrics are counted
+    # in data points, one per series in a collection, and the caller counts the series
     record = _record(rank, sampled, tokens=tokens)
     made = _Made()
     made.emit(record)
     dropped: collections.Counter[str] = collections.Counter()
-    remote.count_lost((remote.OP_STEP, record, 0, 1, 2, 3), dropped)
+    series: set = set()
+    remote.count_lost((remote.OP_STEP, record, 0, 1, 2, 3), dropped, series,
+                      {0: "step", 1: "phase", 2: "samples", 3: "tokens"})
     assert dropped[semconv.SIGNAL_SPANS] == len(made.spans)
     assert dropped[semconv.SIGNAL_LOGS] == len(made.logs)
-    assert dropped[semconv.SIGNAL_METRICS] == sum(made.points.values())
+    assert series == made.series and dropped[semconv.SIGNAL_METRICS] == 0
 
 
 def test_a_sampled_step_makes_the_spans_and_log_of_the_contract():

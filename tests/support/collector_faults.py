@@ -1,9 +1,12 @@
-"""Faults put between training and the collector: a link that never answers, and a collector
-that refuses everything (tests/pipeline/test_reliability_collector.py, bench/bench_faults.py).
+"""Faults put between training and the collector: a link that never answers, a collector
+that refuses everything, and one that answers every request 503
+(tests/pipeline/test_reliability_collector.py, tests/pipeline/test_accounts_under_faults.py,
+bench/bench_faults.py).
 """
 
 from __future__ import annotations
 
+import http.server
 import socket
 import threading
 
@@ -32,6 +35,39 @@ class StallingProxy:
         self.sock.close()
         for conn in self.accepted:
             conn.close()
+
+
+class _Unavailable(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (the standard library's name)
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.answered += 1  # type: ignore[attr-defined]
+        self.send_response(503)  # OTLP/HTTP: retryable, so the exporter retries to its timeout
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # one line a request on stderr otherwise
+
+
+class Answering503:
+    """An HTTP server answering every OTLP request 503 Service Unavailable: a collector
+    behind a load balancer with no healthy backend."""
+
+    def __init__(self) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+        self.server.daemon_threads = True
+        self.server.answered = 0  # type: ignore[attr-defined]
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def answered(self) -> int:
+        return self.server.answered  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 #: a collector whose memory_limiter (1 MiB) refuses every request

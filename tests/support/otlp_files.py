@@ -102,6 +102,17 @@ def metric_points(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return out
 
 
+def data_points(run_dir: Path) -> int:
+    """How many metric data points the run directory's files hold, of every metric and every
+    export: the unit the metric signal is counted in (exported, dropped)."""
+    return sum(len(body["dataPoints"])
+               for request in requests(run_dir, semconv.METRICS_GLOB)
+               for rm in request.get("resourceMetrics", [])
+               for sm in rm.get("scopeMetrics", [])
+               for metric in sm.get("metrics", [])
+               for body in metric.values() if isinstance(body, dict) and "dataPoints" in body)
+
+
 def only_run_dir(root: Path) -> Path:
     dirs = [p for p in Path(root).iterdir() if p.is_dir()]
     assert len(dirs) == 1, f"expected one run directory under {root}, found {dirs}"
