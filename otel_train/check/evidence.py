@@ -32,6 +32,8 @@ SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 SPAN_KIND = {**SPAN_PHASE, sc.SPAN_RANK_STEP: "rank_step"}
 #: the only span attributes the checks read
 READ_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP})
+#: and, of a train.run span, how the rank's run ended
+RUN_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_STATUS, sc.ATTR_STEPS})
 
 
 #: name, trace id, span id, parent id, links, rank, world size, step (the last three as
@@ -59,6 +61,11 @@ class TraceEvidence:
     rank_masks: dict[tuple[int, str], int] = field(default_factory=dict)
     span_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     run_spans: dict[int, RunSpan] = field(default_factory=dict)
+    #: how each rank's run ended, as analysis/fates.py reads it: rank -> (training.status,
+    #: status message, steps, end ns) of its train.run span, and rank -> (step, end ns) of
+    #: its last train.rank_step
+    run_ends: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
+    last_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
     resolved: set[tuple[str, str]] = field(default_factory=set)  # exemplar targets found
     traces_seen_of_targets: set[str] = field(default_factory=set)
     #: the traces files' lines that could not be read whole
@@ -66,6 +73,13 @@ class TraceEvidence:
 
     def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
         attrs = span.attributes
+        rank = attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK))
+        if span.name == sc.SPAN_RUN and rank is not None:
+            self.run_ends[int(rank)] = (str(attrs.get(sc.ATTR_STATUS, "ok")),
+                                        str(attrs.get("otel.status_description", "")),
+                                        int(attrs.get(sc.ATTR_STEPS, 0)), span.end_ns)
+        elif span.name == sc.SPAN_RANK_STEP and rank is not None:
+            self._last_step(int(rank), int(attrs.get(sc.ATTR_STEP, -1)), span.end_ns)
         self._add_rows([(span.name, span.trace_id, span.span_id, span.parent_id, span.links,
                          attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK)),
                          attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
@@ -78,13 +92,16 @@ class TraceEvidence:
         attributes read."""
         resource_rank = resource.get(sc.RES_RANK)
         resource_size = resource.get(sc.RES_WORLD_SIZE)
-        key_rank, key_size, key_step, run = (sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP,
-                                             sc.SPAN_RUN)
+        key_rank, key_size, key_step, run, rank_step = (
+            sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP, sc.SPAN_RUN, sc.SPAN_RANK_STEP)
         rows = []
         for raw in spans:
             attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
             rank, size, step = attrs.get(key_rank), attrs.get(key_size), attrs.get(key_step)
             name = raw.get("name", "")
+            if name == run or name == rank_step:
+                self._fate_of(name, raw, resource_rank if rank is None else decode_value(rank),
+                              step)
             rows.append((name, raw.get("traceId", ""), raw.get("spanId", ""),
                          raw.get("parentSpanId", "") or "",
                          links_of(raw) if name == run else [],
@@ -92,6 +109,26 @@ class TraceEvidence:
                          resource_size if size is None else decode_value(size),
                          None if step is None else decode_value(step)))
         self._add_rows(rows, targets, target_traces)
+
+    def _fate_of(self, name: str, raw: dict[str, Any], rank: Any, step: Any) -> None:
+        """What a train.run or train.rank_step span says of how its rank's run ended."""
+        if rank is None:
+            return
+        end_ns = int(raw.get("endTimeUnixNano", 0))
+        if name == sc.SPAN_RUN:
+            attrs = pick_attributes(raw.get("attributes"), RUN_ATTRIBUTES)
+            status = attrs.get(sc.ATTR_STATUS)
+            steps = attrs.get(sc.ATTR_STEPS)
+            self.run_ends[int(rank)] = (
+                "ok" if status is None else str(decode_value(status)),
+                str((raw.get("status") or {}).get("message", "")),
+                0 if steps is None else int(decode_value(steps)), end_ns)
+        elif step is not None:
+            self._last_step(int(rank), int(decode_value(step)), end_ns)
+
+    def _last_step(self, rank: int, step: int, end_ns: int) -> None:
+        if step >= self.last_steps.get(rank, (-1, 0))[0]:
+            self.last_steps[rank] = (step, end_ns)
 
     def _add_rows(self, rows: list[SpanRow], targets: set[tuple[str, str]],
                   target_traces: set[str]) -> None:
@@ -152,6 +189,9 @@ class TraceEvidence:
         for key, count in other.span_counts.items():
             counts[key] = counts.get(key, 0) + count
         self.run_spans.update(other.run_spans)
+        self.run_ends.update(other.run_ends)
+        for rank, (step, end_ns) in other.last_steps.items():
+            self._last_step(rank, step, end_ns)
         self.resolved |= other.resolved
         self.traces_seen_of_targets |= other.traces_seen_of_targets
         self.damage.merge(other.damage)

@@ -25,7 +25,7 @@ from otel_train.check.verdicts import FAIL, CheckResult
 
 SOURCE = "jaeger"
 #: the checklist items Jaeger's traces answer (exemplars too, with Prometheus's exemplars)
-ITEMS = ("trace_coverage", "same_trace_across_ranks", "sampling_consistency",
+ITEMS = ("trace_coverage", "same_trace_across_ranks", "sampling_consistency", "ranks_finished",
          "launcher_context")
 #: traces one search may return; a Jaeger whose storage caps search depth lower answers 400
 SEARCH_LIMIT = 10_000

@@ -13,7 +13,7 @@ SOURCE = "prometheus"
 #: training.cpu.throttled.time, a counter in seconds, as Prometheus names it
 PROM_CPU_THROTTLED = sc.PROM_CPU_THROTTLED
 CADVISOR_THROTTLED = "container_cpu_cfs_throttled_periods_total"
-TRACE_ITEMS = ("trace_coverage", "same_trace_across_ranks", "sampling_consistency",
+TRACE_ITEMS = ("trace_coverage", "same_trace_across_ranks", "sampling_consistency", "ranks_finished",
                "launcher_context")
 
 

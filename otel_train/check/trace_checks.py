@@ -1,13 +1,15 @@
 """Checklist items read from a run directory's traces: coverage, one trace per step,
-consistent sampling."""
+consistent sampling, and how each rank's run ended."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from otel_train import semconv as sc
+from otel_train.analysis.fates import rank_fates
+from otel_train.analysis.report_model import RankFate
 from otel_train.check.evidence import RunEvidence, TraceEvidence
-from otel_train.check.verdicts import FAIL, PASS, CheckResult
+from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS, CheckResult
 
 SOURCE = "run dir"
 SAMPLER_FIX = ("use a trace-id ratio sampler (OTEL_TRACES_SAMPLER=traceidratio or "
@@ -76,27 +78,62 @@ def same_trace_across_ranks(ev: RunEvidence) -> CheckResult:
                    "init_process_group)")
 
 
+def fates(t: TraceEvidence) -> list[RankFate]:
+    """The ranks whose run did not end well, first failure first (analysis/fates.py)."""
+    return rank_fates(world(t), t.run_ends, t.last_steps)
+
+
+def _gone_after(t: TraceEvidence) -> dict[int, int]:
+    """rank -> its last step with telemetry, for each rank that crashed, vanished or was
+    stopped: the steps after it are missing because the rank was, not because of sampling."""
+    return {fate.rank: fate.last_step for fate in fates(t)}
+
+
 def sampling_consistency(ev: RunEvidence) -> CheckResult:
     t = ev.traces
     size = world(t)
-    full = (1 << size) - 1
     kinds = sorted({kind for _, kind in t.rank_masks})
-    bad = []
+    gone = _gone_after(t)
+    bad, excused = [], 0
     for (step, kind), mask in sorted(t.rank_masks.items()):
-        if mask != full:
-            missing = [r for r in range(size) if not mask >> r & 1]
+        missing = [r for r in range(size) if not mask >> r & 1]
+        if missing and all(step > gone.get(r, step) for r in missing):
+            excused += 1  # a failed rank's absence after its last step: ranks_finished says
+        elif missing:
             bad.append(f"step {step} {kind}: ranks {missing} missing")
     uneven = _uneven_counts(t)
     if not t.rank_masks:
         return _result("sampling_consistency", False, "no sampled step spans", SAMPLER_FIX)
     ok = not bad and not uneven
     steps = len({s for s, _ in t.rank_masks})
+    after = (f"; {excused} (step, phase) pairs after a failed rank's last step are short of "
+             f"it (ranks_finished names it)" if excused else "")
     evidence = (f"{steps} sampled steps x {len(kinds)} span kinds ({', '.join(kinds)}): "
-                f"all {size} ranks each" if ok else "; ".join(filter(None, [
+                f"all {size} ranks each{after}" if ok else "; ".join(filter(None, [
                     f"{len(bad)} (step, phase) pairs short of {size} ranks: {_examples(bad)}"
                     if bad else "",
                     f"uneven span counts across ranks: {_examples(uneven)}" if uneven else ""])))
     return _result("sampling_consistency", ok, evidence, SAMPLER_FIX)
+
+
+def ranks_finished(ev: RunEvidence) -> CheckResult:
+    """Every rank's run ended well; else the first rank to fail is named (crashed: the step
+    and its exception; vanished: no telemetry after its last step) and the others' ends
+    are said as its consequence."""
+    t = ev.traces
+    if not t.run_ends and not t.last_steps:
+        return CheckResult("ranks_finished", NOT_APPLICABLE, "no train.run or train.rank_step "
+                           "spans", "", SOURCE)
+    failed = fates(t)
+    if not failed:
+        return _result("ranks_finished", True,
+                       f"all {world(t)} ranks' runs ended with status ok", "")
+    first = failed[0]
+    fix = (f"the training failed, not its telemetry: start from rank {first.rank}'s "
+           + ("stderr and its train.run span's exception" if first.fate == "crashed"
+              else "exit (SIGKILL, the kernel's OOM killer, its node)")
+           + "; `otel-train report` shows the steps before it")
+    return _result("ranks_finished", False, "; ".join(f.sentence for f in failed), fix)
 
 
 def _uneven_counts(t: TraceEvidence) -> list[str]:
@@ -110,4 +147,4 @@ def _uneven_counts(t: TraceEvidence) -> list[str]:
 
 
 CHECKS: tuple[Callable[[RunEvidence], CheckResult], ...] = (
-    trace_coverage, same_trace_across_ranks, sampling_consistency)
+    trace_coverage, same_trace_across_ranks, sampling_consistency, ranks_finished)

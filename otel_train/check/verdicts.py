@@ -12,6 +12,7 @@ ITEMS = (
     ("trace_coverage", "every sampled step of every rank lives in a step trace"),
     ("same_trace_across_ranks", "all ranks of a step share one trace id"),
     ("sampling_consistency", "spans per sampled step == world size, for each phase"),
+    ("ranks_finished", "every rank's run ended well; a crashed or vanished rank is named"),
     ("exemplars", "latency histograms carry exemplars that resolve to traces"),
     ("log_fields", "logs carry trace_id, span_id, run_id, rank, step (+ phase, duration_ms)"),
     ("launcher_context", "the launcher's trace context reaches every rank's run span"),

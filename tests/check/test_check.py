@@ -144,7 +144,7 @@ def test_dropped_telemetry_fails(copy: Path) -> None:
 def test_cli_json_and_exit_status(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(copy), "--json"]) == 0
     healthy = json.loads(capsys.readouterr().out)
-    assert healthy["ok"] is True and len(healthy["checks"]) == 10
+    assert healthy["ok"] is True and len(healthy["checks"]) == 11
     break_exemplars(copy)
     assert main(["check", str(copy), "--json"]) == 1
     broken = json.loads(capsys.readouterr().out)
@@ -156,7 +156,7 @@ def test_cli_json_and_exit_status(copy: Path, capsys: pytest.CaptureFixture[str]
 def test_cli_table_shows_every_item(healthy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(healthy)]) == 0
     out = capsys.readouterr().out
-    assert "sampling_consistency" in out and "PASS: 9 passed, 0 failed, 1 not applicable" in out
+    assert "sampling_consistency" in out and "PASS: 10 passed, 0 failed, 1 not applicable" in out
 
 
 def test_cli_without_a_source_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,6 +1,7 @@
 """A crashed or killed rank is named, with its step and what it raised, and is not taken for
-a straggler: a user's torchrun script (3 gloo ranks, DDP) in which rank 1 raises at step 5,
-or SIGKILLs itself there; ``otel-train report`` on what the ranks exported."""
+a straggler nor for a sampler's doing: a user's torchrun script (3 gloo ranks, DDP) in which
+rank 1 raises at step 5, or SIGKILLs itself there; ``otel-train report`` and
+``otel-train check`` on what the ranks exported."""
 
 from __future__ import annotations
 
@@ -48,14 +49,33 @@ def report_of(run_dir: Path) -> tuple[dict, str]:
     return json.loads(out.getvalue()), text.getvalue()
 
 
-@pytest.fixture(scope="module")
-def crashed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
-    return report_of(run_failing(tmp_path_factory.mktemp("crash"), "raise"))
+def check_of(run_dir: Path) -> tuple[int, dict[str, dict], str]:
+    """The exit status, the items by id, and the whole JSON text of ``otel-train check``."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["check", str(run_dir), "--json"])
+    items = {row["id"]: row for row in json.loads(out.getvalue())["checks"]}
+    return status, items, out.getvalue()
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, str]:
-    return report_of(run_failing(tmp_path_factory.mktemp("kill"), "kill"))
+def crashed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_failing(tmp_path_factory.mktemp("crash"), "raise")
+
+
+@pytest.fixture(scope="module")
+def killed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return run_failing(tmp_path_factory.mktemp("kill"), "kill")
+
+
+@pytest.fixture(scope="module")
+def crashed(crashed_dir: Path) -> tuple[dict, str]:
+    return report_of(crashed_dir)
+
+
+@pytest.fixture(scope="module")
+def killed(killed_dir: Path) -> tuple[dict, str]:
+    return report_of(killed_dir)
 
 
 def test_a_rank_that_raised_is_named_first_with_its_step_and_exception(crashed) -> None:
@@ -91,3 +111,24 @@ def test_a_killed_rank_is_named_with_its_last_step(killed) -> None:
     assert (first["rank"], first["fate"], first["last_step"]) == (1, "vanished", 4), first
     assert "rank 1 vanished: no telemetry after step 4" in text, text[:2000]
     assert all(f["after"] == 1 for f in report["rank_fates"][1:]), report["rank_fates"]
+
+
+def test_check_names_the_crashed_rank_and_does_not_blame_the_sampler(crashed_dir) -> None:
+    status, items, text = check_of(crashed_dir)
+    assert status == 1, "a run whose rank crashed does not pass"
+    finished = items["ranks_finished"]
+    assert finished["status"] == "fail", finished
+    assert finished["evidence"].startswith(
+        "rank 1 crashed in step 5: RuntimeError: loss is NaN"), finished
+    assert items["sampling_consistency"]["status"] == "pass", items["sampling_consistency"]
+    assert "ratio sampler" not in text and SECRET not in text, text
+
+
+def test_check_names_the_killed_rank_with_its_last_step(killed_dir) -> None:
+    status, items, text = check_of(killed_dir)
+    assert status == 1
+    finished = items["ranks_finished"]
+    assert finished["status"] == "fail", finished
+    assert finished["evidence"].startswith("rank 1 vanished: no telemetry after step 4"), finished
+    assert items["sampling_consistency"]["status"] == "pass", items["sampling_consistency"]
+    assert "ratio sampler" not in text, text
