@@ -115,8 +115,8 @@ class Plugin:
             version = lib.otel_train_nccl_version()
         except (OSError, AttributeError) as err:
             raise PluginUnavailable(f"cannot load {path}: {err}") from err
-        if version != 3:
-            raise PluginUnavailable(f"{path} is version {version}, this reader knows 3")
+        if version != 4:
+            raise PluginUnavailable(f"{path} is version {version}, this reader knows 4")
         self.path = str(path)
         self._lib = lib
         lib.otel_train_nccl_read.restype = ctypes.c_int
@@ -191,11 +191,14 @@ class Plugin:
 
     def totals(self) -> dict[str, int]:
         self._lib.otel_train_nccl_totals(self._totals)
-        (started, written, overwritten, unrecorded, untimed, polls, events,
+        (started, written, overwritten, unrecorded, untimed, polls, mode,
          by_enqueuer) = self._totals
         return {"started": started, "written": written, "overwritten": overwritten,
                 "unrecorded": unrecorded, "untimed": untimed, "polls": polls,
-                "timing": "events" if events else "kernel",
+                # how new operations are timed, and whether the plugin chose it (auto: kernel
+                # channels while every communicator spans nodes, CUDA events otherwise)
+                "timing": "events" if mode & 1 else "kernel",
+                "timing_chosen": "auto" if mode & 2 else "set",
                 "completed_by_enqueuer": by_enqueuer}
 
 

@@ -31,7 +31,7 @@
 #include <sys/types.h>
 #include <time.h>
 
-#define OTP_VERSION 3
+#define OTP_VERSION 4
 
 /* ---- NCCL's ABI (profiler_v5.h, profiler.h of NCCL 2.28.9) ---------------------------- */
 typedef int ncclResult_t; /* ncclSuccess = 0 */
@@ -147,6 +147,8 @@ typedef struct otp_op {
   struct otp_op *prev, *next; /* in flight, oldest first */
   struct otp_op* lnext;       /* the next operation of the same kernel launch */
   int attached;               /* timed by a launch's CUDA events */
+  int events;                 /* timed by CUDA events (else by kernel channels): the mode
+                                 when NCCL started it, which a later communicator may change */
   otp_channel ch[OTP_MAX_CHANNELS];
 } otp_op;
 
@@ -277,7 +279,22 @@ static struct {
   CUresult (*is_capturing)(CUstream, int*);
 } cu;
 static pthread_once_t g_cu_once = PTHREAD_ONCE_INIT;
-static int g_mode_events = 1; /* OTEL_TRAIN_NCCL_TIMING: "events" (1) or "kernel" (0) */
+/* How kernels are timed (OTEL_TRAIN_NCCL_TIMING, read once):
+ *   "events": CUDA events recorded around each kernel launch, completed by the poller;
+ *   "kernel": NCCL's kernel-channel events (the GPU's globaltimer at each channel's start and
+ *             stop, reported by NCCL's proxy thread, which then polls the kernel's progress);
+ *   "auto" (the default): kernel while every communicator of the process spans several nodes
+ *             (nNodes > 1: its peers are reached over the network transport, whose proxy
+ *             thread already spins while a collective runs, so the channel events cost it
+ *             nothing more), events once any communicator is within one node (there the
+ *             proxy thread sleeps, and kernel timing would keep it busy: a core a process).
+ * NCCL keeps one activation mask for the whole process (src/plugin/profiler.cc,
+ * ncclProfilerEventMask, written by every init), so the choice is the process's; each
+ * operation keeps the mode it started under. */
+enum { OTP_TIMING_AUTO = 0, OTP_TIMING_EVENTS = 1, OTP_TIMING_KERNEL = 2 };
+static int g_timing = OTP_TIMING_AUTO;
+static _Atomic int g_mode_events = 1; /* the mode new operations start under */
+static int g_any_local = 0;           /* a communicator within one node was seen (comm lock) */
 static pthread_once_t g_mode_once = PTHREAD_ONCE_INIT;
 
 /* between poller passes while a launch is pending: OTEL_TRAIN_NCCL_POLL_MS (1-1000, 25).
@@ -298,7 +315,10 @@ static _Atomic uint64_t g_cb_ns, g_cb_n, g_harvest_enqueue_ns;
 
 static void read_mode(void) {
   const char* m = getenv("OTEL_TRAIN_NCCL_TIMING");
-  g_mode_events = !(m != NULL && strcmp(m, "kernel") == 0);
+  g_timing = m == NULL ? OTP_TIMING_AUTO
+             : strcmp(m, "kernel") == 0 ? OTP_TIMING_KERNEL
+             : strcmp(m, "events") == 0 ? OTP_TIMING_EVENTS : OTP_TIMING_AUTO;
+  atomic_store(&g_mode_events, g_timing != OTP_TIMING_KERNEL);
   const char* st = getenv("OTEL_TRAIN_NCCL_SELF_TIME");
   g_self_time = st != NULL && strcmp(st, "1") == 0;
   const char* hv = getenv("OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE");
@@ -645,7 +665,13 @@ static int attach(otp_op* op) {
 static ncclResult_t otp_init(void** context, uint64_t commId, int* mask, const char* name,
                              int nNodes, int nranks, int rank, ncclDebugLogger_t logfn) {
   (void)logfn;
+  pthread_once(&g_mode_once, read_mode);
   pthread_mutex_lock(&g_comm_lock);
+  if (g_timing == OTP_TIMING_AUTO) {
+    if (nNodes <= 1) g_any_local = 1;
+    atomic_store(&g_mode_events, g_any_local);
+  }
+  int events = atomic_load(&g_mode_events);
   int n = atomic_load(&g_ncomms);
   otp_comm* c = NULL;
   for (int i = 0; i < n; i++)
@@ -660,15 +686,11 @@ static ncclResult_t otp_init(void** context, uint64_t commId, int* mask, const c
     atomic_store(&g_ncomms, n + 1);
   }
   pthread_mutex_unlock(&g_comm_lock);
-  if (c == NULL) { /* more communicators than slots: this one is not observed */
-    *context = NULL;
-    *mask = 0;
-    return 0;
-  }
-  *context = c;
-  pthread_once(&g_mode_once, read_mode);
+  /* the process's mask (every communicator's, not only this one's: never 0 here) */
   *mask = ncclProfileColl | ncclProfileP2p |
-          (g_mode_events ? ncclProfileKernelLaunch : ncclProfileKernelCh);
+          (events ? ncclProfileKernelLaunch : ncclProfileKernelCh);
+  /* more communicators than slots: this one is not observed (its events have no context) */
+  *context = c;
   return 0;
 }
 
@@ -677,8 +699,8 @@ static ncclResult_t otp_start_(void* context, void** handle, ncclProfilerEventDe
   if (context == NULL || d == NULL) return 0;
   if (d->type == ncclProfileColl || d->type == ncclProfileP2p) {
     /* timed by events, an operation has no kernel channels: 2 KiB less to clear */
-    pthread_once(&g_mode_once, read_mode);
-    otp_op* op = (otp_op*)calloc(1, g_mode_events ? offsetof(otp_op, ch) : sizeof(otp_op));
+    int events = atomic_load_explicit(&g_mode_events, memory_order_relaxed);
+    otp_op* op = (otp_op*)calloc(1, events ? offsetof(otp_op, ch) : sizeof(otp_op));
     atomic_fetch_add_explicit(&g_ops, 1, memory_order_relaxed);
     if (op == NULL) {
       atomic_fetch_add_explicit(&g_dropped, 1, memory_order_relaxed);
@@ -687,6 +709,7 @@ static ncclResult_t otp_start_(void* context, void** handle, ncclProfilerEventDe
     otp_comm* c = (otp_comm*)context;
     uint8_t size = 0;
     op->type = d->type;
+    op->events = events;
     op->comm = c;
     op->rec.comm = c->hash;
     op->rec.nranks = (uint16_t)c->nranks;
@@ -706,7 +729,7 @@ static ncclResult_t otp_start_(void* context, void** handle, ncclProfilerEventDe
       op->rec.nchannels = d->p2p.nChannels;
     }
     atomic_store(&op->gpu_min, UINT64_MAX);
-    if (g_mode_events) {
+    if (events) {
       atomic_store(&op->refs, 1); /* the task's stop; attach() adds the launch's */
       flight_add(op);
       attach(op);
@@ -722,7 +745,8 @@ static ncclResult_t otp_start_(void* context, void** handle, ncclProfilerEventDe
     launch_start(handle, d);
   } else if (d->type == ncclProfileKernelCh) {
     otp_op* op = (otp_op*)d->parentObj;
-    if (op == NULL || (op->type != ncclProfileColl && op->type != ncclProfileP2p)) return 0;
+    if (op == NULL || (op->type != ncclProfileColl && op->type != ncclProfileP2p) ||
+        op->events) return 0; /* started under events timing: it has no channel slots */
     uint8_t id = d->kernelCh.channelId;
     if (id >= OTP_MAX_CHANNELS) return 0;
     otp_channel* ch = &op->ch[id];
@@ -777,7 +801,7 @@ static ncclResult_t otp_stop_(void* handle) {
     launch_stop((otp_launch*)handle);
   } else if (type == ncclProfileColl || type == ncclProfileP2p) {
     otp_op* op = (otp_op*)handle;
-    if (g_mode_events) {
+    if (op->events) {
       /* no launch to time it (graph capture, copy-engine collectives): CPU times only */
       if (!op->attached) {
         atomic_fetch_add(&g_untimed, 1);
@@ -906,7 +930,8 @@ __attribute__((visibility("default"))) uint64_t otel_train_nccl_in_flight(otp_re
 }
 
 /* Totals since the plugin was loaded: tasks started, records written, overwritten, not
- * recorded (allocation failed), without GPU timing, poller passes, timing mode (1 events),
+ * recorded (allocation failed), without GPU timing, poller passes, timing mode (bit 0: new
+ * operations are timed by events, else by kernel channels; bit 1: chosen automatically),
  * kernel launches completed on the enqueuing thread (the rest by the poller). */
 __attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out8) {
   out8[0] = atomic_load(&g_ops);
@@ -918,7 +943,7 @@ __attribute__((visibility("default"))) void otel_train_nccl_totals(uint64_t* out
   out8[4] = atomic_load(&g_untimed);
   out8[5] = atomic_load(&g_polls);
   pthread_once(&g_mode_once, read_mode);
-  out8[6] = (uint64_t)g_mode_events;
+  out8[6] = (uint64_t)atomic_load(&g_mode_events) | (g_timing == OTP_TIMING_AUTO ? 2u : 0u);
   out8[7] = atomic_load(&g_by_enqueuer);
 }
 

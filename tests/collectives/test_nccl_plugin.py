@@ -2,9 +2,11 @@
 compiler and driven through its ``ncclProfiler_v5`` table the way NCCL 2.28 drives it
 (src/plugin/profiler.cc). Its "kernel" timing (OTEL_TRAIN_NCCL_TIMING=kernel): task start on
 the enqueuing thread, kernel-channel start, stop state and stop on the proxy thread, task stop
-on the enqueuing thread, in either order. Its default "events" timing needs CUDA (events on
-NCCL's stream): here, without a driver, it must leave kernel launches alone and still record
-every operation, CPU-timed and counted as untimed.
+on the enqueuing thread, in either order. Its "events" timing needs CUDA (events on NCCL's
+stream): here, without a driver, it must leave kernel launches alone and still record every
+operation, CPU-timed and counted as untimed. Its default, "auto", picks kernel timing while
+every communicator spans nodes and events once one does not, for the whole process (NCCL
+keeps one activation mask), each operation finishing under the mode it started with.
 
 This machine has no GPU, so the calls NCCL would make are made here (a stand-in for NCCL, for
 the ABI and the bookkeeping); tests/gpu/test_nccl_profiler_plugin.py runs the plugin under real NCCL.
@@ -69,11 +71,11 @@ class _Table(ctypes.Structure):
 class FakeNccl:
     """The calls NCCL makes into a v5 profiler plugin, for one communicator."""
 
-    def __init__(self, path: str, comm: int = 0xABC, nranks: int = 2) -> None:
+    def __init__(self, path: str, comm: int = 0xABC, nranks: int = 2, nnodes: int = 1) -> None:
         self.table = _Table.in_dll(ctypes.CDLL(path), "ncclProfiler_v5")
         self.ctx = ctypes.c_void_p()
         mask = ctypes.c_int()
-        assert self.table.init(ctypes.byref(self.ctx), comm, ctypes.byref(mask), b"pg0", 1,
+        assert self.table.init(ctypes.byref(self.ctx), comm, ctypes.byref(mask), b"pg0", nnodes,
                                nranks, 0, None) == 0
         assert mask.value & COLL
         self.mask = mask.value
@@ -125,7 +127,7 @@ def test_the_plugin_exports_nccls_v5_table_and_our_reader(plugin_file):
     assert not {n for n in names if n.startswith("otp_")}  # nothing else leaks out
 
 
-def _run_in_fresh_process(code: str, plugin_file: str, timing: str = "kernel") -> None:
+def _run_in_fresh_process(code: str, plugin_file: str, timing: str | None = "kernel") -> None:
     """The plugin's ring is per process: each scenario gets its own."""
     prelude = (f"import sys; sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})\n"
                "from test_nccl_plugin import FakeNccl\n"
@@ -134,9 +136,11 @@ def _run_in_fresh_process(code: str, plugin_file: str, timing: str = "kernel") -
                f"PATH = {plugin_file!r}\n")
     import os
 
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_TRAIN_NCCL_TIMING"}
+    if timing is not None:
+        env["OTEL_TRAIN_NCCL_TIMING"] = timing
     done = subprocess.run([sys.executable, "-c", prelude + code], capture_output=True,
-                          text=True, timeout=120,
-                          env={**os.environ, "OTEL_TRAIN_NCCL_TIMING": timing})
+                          text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
 
 
@@ -232,6 +236,43 @@ assert [(r[1], r[2], r[12]) for r in rows] == [(3, 16, 0)]
 totals = reader.totals()
 assert totals["timing"] == "events" and totals["untimed"] == 1, totals
 """, plugin_file, timing="events")
+
+
+def test_auto_times_by_kernel_channels_while_every_communicator_spans_nodes(plugin_file):
+    _run_in_fresh_process("""
+from test_nccl_plugin import KERNEL_LAUNCH, KERNEL_CH
+world = FakeNccl(PATH, comm=0x1, nranks=4, nnodes=4)  # its peers over the network
+assert world.mask & KERNEL_CH and not world.mask & KERNEL_LAUNCH, hex(world.mask)
+reader = nccl.Plugin(PATH)
+totals = reader.totals()
+assert (totals["timing"], totals["timing_chosen"]) == ("kernel", "auto"), totals
+before = world.start_coll(b"AllReduce", seq=1, count=8, channels=1)
+# a communicator within one node: from now on the process is timed by CUDA events (NCCL's
+# mask is the process's), and what started under kernel timing still ends by its channels
+local = FakeNccl(PATH, comm=0x2, nranks=2, nnodes=1)
+assert local.mask & KERNEL_LAUNCH and not local.mask & KERNEL_CH, hex(local.mask)
+world.channel(before, 0, 100, 700)
+world.stop(before)
+after = world.start_coll(b"AllReduce", seq=2, count=8, channels=1)
+world.channel(after, 0, 1, 2)  # a channel event it does not ask for any more: ignored
+world.stop(after)  # no CUDA here: CPU-timed, counted untimed
+rows, lost = reader.read()
+assert lost == 0 and [(r[1], r[5], r[6], r[12]) for r in rows] == [(1, 100, 700, 1), (2, 0, 0, 0)]
+again = FakeNccl(PATH, comm=0x3, nranks=4, nnodes=4)
+assert again.mask & KERNEL_LAUNCH and not again.mask & KERNEL_CH  # events stay
+totals = reader.totals()
+assert (totals["timing"], totals["timing_chosen"], totals["untimed"]) == ("events", "auto", 1)
+assert reader.in_flight() == (0, None)
+""", plugin_file, timing=None)
+
+
+def test_auto_times_a_single_node_process_by_cuda_events(plugin_file):
+    _run_in_fresh_process("""
+from test_nccl_plugin import KERNEL_LAUNCH, KERNEL_CH
+fake = FakeNccl(PATH, nnodes=1)
+assert fake.mask & KERNEL_LAUNCH and not fake.mask & KERNEL_CH
+assert nccl.Plugin(PATH).totals()["timing"] == "events"
+""", plugin_file, timing=None)
 
 
 def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
