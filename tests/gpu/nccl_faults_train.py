@@ -19,6 +19,7 @@ the tests look up to check the line the report names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -46,6 +47,10 @@ WIDTH, BATCH = 1024, 64
 #: where each rank writes otel-train's threads' CPU over the run's steady steps (for the
 #: scaling figures, bench/multigpu/nccl_faults.py); unset: nothing measured
 COST_OUT = os.environ.get("COST_OUT")
+#: for the cost per collective (bench/multigpu/route_cost.py): this many more small
+#: all-reduces each step, and BARE=1 runs the loop without otel-train
+EXTRA_COLLECTIVES = int(os.environ.get("EXTRA_COLLECTIVES", "0"))
+BARE = os.environ.get("BARE") == "1"
 
 
 def heavy(seconds: float) -> float:
@@ -110,8 +115,10 @@ def main() -> None:
     model = DDP(inner)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = DataLoader(Samples(rank), batch_size=BATCH, num_workers=2, prefetch_factor=2)
-    marks: list[tuple[float, float, int]] = []
-    with otel_train.instrument(model, optimizer=opt, dataloader=loader):
+    marks: list[tuple[float, float, int, float]] = []
+    small = torch.ones(256, device=device)
+    with (contextlib.nullcontext() if BARE
+          else otel_train.instrument(model, optimizer=opt, dataloader=loader)):
         for step, (x, y) in enumerate(loader):
             inner.step = step
             x, y = x.to(device), y.to(device)  # the copy: where a waiting host blocks
@@ -123,15 +130,21 @@ def main() -> None:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            for _ in range(EXTRA_COLLECTIVES):
+                dist.all_reduce(small)
             if COST_OUT and step in (2, STEPS - 1):
                 torch.cuda.synchronize()  # the measurement's edges, not the training's
-                marks.append((time.perf_counter(), otel_threads_cpu_s(), step))
+                marks.append((time.perf_counter(), otel_threads_cpu_s(), step,
+                              time.process_time()))
     if COST_OUT:
-        (t0, c0, s0), (t1, c1, s1) = marks
+        (t0, c0, s0, p0), (t1, c1, s1, p1) = marks
         Path(COST_OUT).mkdir(parents=True, exist_ok=True)
         Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
             "rank": rank, "world": dist.get_world_size(), "steps": s1 - s0,
-            "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0}))
+            "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0,
+            # every thread of the training process (NCCL's, the plugin's, torch's); the
+            # exporter process and the DataLoader workers are other processes
+            "process_cpu_s": p1 - p0, "extra_collectives": EXTRA_COLLECTIVES}))
     dist.destroy_process_group()
 
 

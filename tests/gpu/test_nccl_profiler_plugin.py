@@ -114,6 +114,7 @@ def test_every_nccl_collective_is_one_plugin_record_and_span(tmp_path, named_by)
         assert "nccl_profiler_plugin" in res["mechanisms"], res
         assert res["lost"] == 0 and res["errors"] == 0, res
         assert res["totals"]["overwritten"] == 0 and res["totals"]["unrecorded"] == 0, res
+        # auto (the default): CUDA events on one node (every communicator within it)
         assert res["totals"]["timing"] == os.environ.get("OTEL_TRAIN_NCCL_TIMING", "events")
         if world > 1:  # every kernel launch timed by its CUDA events
             assert res["totals"]["untimed"] == 0, res
