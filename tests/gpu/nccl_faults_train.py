@@ -105,6 +105,20 @@ def otel_threads_cpu_s() -> float:
     return total
 
 
+def threads_cpu_s() -> dict[str, float]:
+    """CPU seconds so far of each thread of this process, summed by thread name (NCCL names
+    its threads with NCCL_SET_THREAD_NAME=1)."""
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            ns = int((task / "schedstat").read_text().split()[0])
+        except OSError:  # it ended meanwhile
+            continue
+        out[name] = out.get(name, 0.0) + ns / 1e9
+    return out
+
+
 def main() -> None:
     dist.init_process_group("nccl")
     rank = dist.get_rank()
@@ -115,7 +129,7 @@ def main() -> None:
     model = DDP(inner)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = DataLoader(Samples(rank), batch_size=BATCH, num_workers=2, prefetch_factor=2)
-    marks: list[tuple[float, float, int, float]] = []
+    marks: list[tuple[float, float, int, float, dict[str, float]]] = []
     small = torch.ones(256, device=device)
     with (contextlib.nullcontext() if BARE
           else otel_train.instrument(model, optimizer=opt, dataloader=loader)):
@@ -135,16 +149,17 @@ def main() -> None:
             if COST_OUT and step in (2, STEPS - 1):
                 torch.cuda.synchronize()  # the measurement's edges, not the training's
                 marks.append((time.perf_counter(), otel_threads_cpu_s(), step,
-                              time.process_time()))
+                              time.process_time(), threads_cpu_s()))
     if COST_OUT:
-        (t0, c0, s0, p0), (t1, c1, s1, p1) = marks
+        (t0, c0, s0, p0, th0), (t1, c1, s1, p1, th1) = marks
         Path(COST_OUT).mkdir(parents=True, exist_ok=True)
         Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
             "rank": rank, "world": dist.get_world_size(), "steps": s1 - s0,
             "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0,
             # every thread of the training process (NCCL's, the plugin's, torch's); the
             # exporter process and the DataLoader workers are other processes
-            "process_cpu_s": p1 - p0, "extra_collectives": EXTRA_COLLECTIVES}))
+            "process_cpu_s": p1 - p0, "extra_collectives": EXTRA_COLLECTIVES,
+            "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()}}))
     dist.destroy_process_group()
 
 
