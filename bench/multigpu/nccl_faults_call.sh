@@ -6,15 +6,7 @@
 #   TESTS (tests/gpu/test_nccl_attribution.py; 0 skips), GPU_TESTS (0; 1 also runs tests/gpu),
 #   RANKS (8), FAULTS (hang,cpu,gpu,data; empty skips the proof), COST_RANKS (empty; e.g. 2,4,8)
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-gcc -O2 -shared -fPIC -Wall -I"$inc" otel_train/_fastpath.c -o "otel_train/_fastpath$ext" \
-  > "$OUT/build.txt" 2>&1 || cat "$OUT/build.txt"
+source bench/device_setup.sh
 python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
 mkdir -p /tmp/pt /tmp/proof
 if [ "${TESTS:-tests/gpu/test_nccl_attribution.py}" != 0 ]; then

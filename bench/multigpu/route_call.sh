@@ -4,15 +4,7 @@
 # plugin and attribution tests on ranks sharing GPU 0 (the plugin's auto choice), then
 # bench/multigpu/route_cost.py. Everything lands under $OUT. TESTS=0 skips the tests.
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-gcc -O2 -shared -fPIC -Wall -I"$inc" otel_train/_fastpath.c -o "otel_train/_fastpath$ext" \
-  > "$OUT/build.txt" 2>&1 || cat "$OUT/build.txt"
+source bench/device_setup.sh
 python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))'
 if [ "${TESTS:-1}" != 0 ]; then
   timeout "${TEST_TIMEOUT:-280}" python3 -m pytest ${TEST_FILES:-tests/gpu/test_nccl_attribution.py tests/gpu/test_nccl_profiler_plugin.py} \

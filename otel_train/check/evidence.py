@@ -74,14 +74,12 @@ class TraceEvidence:
     def add(self, span: Span, targets: set[tuple[str, str]], target_traces: set[str]) -> None:
         attrs = span.attributes
         rank = attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK))
-        if span.name == sc.SPAN_RUN and rank is not None:
-            self.run_ends[int(rank)] = (str(attrs.get(sc.ATTR_STATUS, "ok")),
-                                        str(attrs.get("otel.status_description", "")),
-                                        int(attrs.get(sc.ATTR_STEPS, 0)), span.end_ns)
-        elif span.name == sc.SPAN_RANK_STEP and rank is not None:
-            self._last_step(int(rank), int(attrs.get(sc.ATTR_STEP, -1)), span.end_ns)
+        # Jaeger's copy of the OTLP status message is the otel.status_description tag
+        self._note_fate(span.name, rank, attrs.get(sc.ATTR_STEP), attrs.get(sc.ATTR_STATUS),
+                        attrs.get("otel.status_description", ""), attrs.get(sc.ATTR_STEPS),
+                        span.end_ns)
         self._add_rows([(span.name, span.trace_id, span.span_id, span.parent_id, span.links,
-                         attrs.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK)),
+                         rank,
                          attrs.get(sc.ATTR_WORLD_SIZE, span.resource.get(sc.RES_WORLD_SIZE)),
                          attrs.get(sc.ATTR_STEP))], targets, target_traces)
 
@@ -111,20 +109,27 @@ class TraceEvidence:
         self._add_rows(rows, targets, target_traces)
 
     def _fate_of(self, name: str, raw: dict[str, Any], rank: Any, step: Any) -> None:
+        """:meth:`_note_fate` of a raw OTLP span, its values still encoded."""
+        status = steps = None
+        if name == sc.SPAN_RUN:
+            attrs = pick_attributes(raw.get("attributes"), RUN_ATTRIBUTES)
+            status, steps = attrs.get(sc.ATTR_STATUS), attrs.get(sc.ATTR_STEPS)
+        self._note_fate(name, rank, None if step is None else decode_value(step),
+                        None if status is None else decode_value(status),
+                        (raw.get("status") or {}).get("message", ""),
+                        None if steps is None else decode_value(steps),
+                        int(raw.get("endTimeUnixNano", 0)))
+
+    def _note_fate(self, name: str, rank: Any, step: Any, status: Any, message: Any,
+                   steps: Any, end_ns: int) -> None:
         """What a train.run or train.rank_step span says of how its rank's run ended."""
         if rank is None:
             return
-        end_ns = int(raw.get("endTimeUnixNano", 0))
         if name == sc.SPAN_RUN:
-            attrs = pick_attributes(raw.get("attributes"), RUN_ATTRIBUTES)
-            status = attrs.get(sc.ATTR_STATUS)
-            steps = attrs.get(sc.ATTR_STEPS)
-            self.run_ends[int(rank)] = (
-                "ok" if status is None else str(decode_value(status)),
-                str((raw.get("status") or {}).get("message", "")),
-                0 if steps is None else int(decode_value(steps)), end_ns)
-        elif step is not None:
-            self._last_step(int(rank), int(decode_value(step)), end_ns)
+            self.run_ends[int(rank)] = ("ok" if status is None else str(status),
+                                        str(message or ""), int(steps or 0), end_ns)
+        elif name == sc.SPAN_RANK_STEP and step is not None:
+            self._last_step(int(rank), int(step), end_ns)
 
     def _last_step(self, rank: int, step: int, end_ns: int) -> None:
         if step >= self.last_steps.get(rank, (-1, 0))[0]:
