@@ -276,7 +276,7 @@ class Emitter:
         no longer reads), in the context of (``trace_id``, ``span_id``) if given."""
         if self.console is not None:
             getattr(self.console, level)(message, **fields)
-        ids = (semconv.LOG_TRACE_ID, semconv.LOG_SPAN_ID)  # the record's context holds them
+        ids = (semconv.CONSOLE_TRACE_ID, semconv.CONSOLE_SPAN_ID)  # the record's context
         self._otel_log(time.time_ns(), level, message,
                        {k: v for k, v in fields.items() if k not in ids}, trace_id, span_id)
 
@@ -559,21 +559,24 @@ class Emitter:
         return info.exemplar
 
     # --- logs and drops --------------------------------------------------------------
-    def _emit_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any]) -> None:
-        trace_hex = fields.pop(semconv.LOG_TRACE_ID, None)
-        span_hex = fields.pop(semconv.LOG_SPAN_ID, None)
+    def _emit_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any],
+                  scope: str = semconv.SCOPE_NAME) -> None:
+        trace_hex = fields.pop(semconv.CONSOLE_TRACE_ID, None)
+        span_hex = fields.pop(semconv.CONSOLE_SPAN_ID, None)
         trace_id = int(trace_hex, 16) if isinstance(trace_hex, str) and trace_hex else 0
         span_id = int(span_hex, 16) if isinstance(span_hex, str) and span_hex else 0
-        self._otel_log(time_ns, level, message, fields, trace_id, span_id)
+        self._otel_log(time_ns, level, message, fields, trace_id, span_id, scope)
 
     def _otel_log(self, time_ns: int, level: str, message: str, fields: dict[str, Any],
-                  trace_id: int, span_id: int) -> None:
+                  trace_id: int, span_id: int, scope: str = semconv.SCOPE_NAME) -> None:
         attributes = {}
+        rename = semconv.CONSOLE_TO_ATTRIBUTE  # run_id, rank, step: the spans' names
         # denied keys redacted and strings scrubbed at any depth; other values' text scrubbed
         for k, v in redact.redact_mapping(fields).items():
             if k in ("level", "timestamp"):
                 continue
-            attributes[k] = _attr_value(v, keep_end=k == semconv.ATTR_EXCEPTION_STACKTRACE)
+            attributes[rename.get(k, k)] = _attr_value(
+                v, keep_end=k == semconv.ATTR_EXCEPTION_STACKTRACE)
         attributes.setdefault(semconv.LOG_RUN_ID, self.ident.run_id)
         attributes.setdefault(semconv.LOG_RANK, self.ident.rank)
         parent = None
@@ -582,7 +585,7 @@ class Emitter:
             parent = SpanContext(trace_id, span_id, False, flags)
         self.pipeline.emit_log(time_ns, time.time_ns(), parent,
                                _SEVERITY.get(level, SeverityNumber.INFO), level.upper(),
-                               redact.redact_value(message), attributes)
+                               redact.redact_value(message), attributes, scope)
 
     def total_dropped(self) -> collections.Counter[str]:
         total = collections.Counter(self.recorder.dropped)

@@ -16,10 +16,12 @@ import socket
 import uuid
 import warnings
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from otel_train import semconv
 from otel_train.config import ConfigWarning
 
 _BAD_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
@@ -33,6 +35,10 @@ class Identity:
     world_size: int
     host_name: str
     pid: int
+
+    def metric_attributes(self) -> dict[str, Any]:
+        """What every metric point of this rank carries: its rank and run id (a new dict)."""
+        return {semconv.ATTR_RANK: self.rank, semconv.ATTR_RUN_ID: self.run_id}
 
 
 def _int_env(env: Mapping[str, str], name: str, default: int) -> int:

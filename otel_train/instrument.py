@@ -209,10 +209,10 @@ class Instrumentation:
         self._setup_end_perf = time.perf_counter_ns()
         self._offset = offset
         in_c = CStepTracker is not None and isinstance(self.tracker, CStepTracker)
-        self.log.info("otel_train.start", exporter=pipeline.kind,
+        self.log.info(semconv.LOG_START, exporter=pipeline.kind,
                       run_dir=str(self.run_dir) if self.run_dir else None,
-                      world_size=ident.world_size, sampler=cfg.sampler_name,
-                      tracker="c" if in_c else "python")
+                      sampler=cfg.sampler_name, tracker="c" if in_c else "python",
+                      **{semconv.ATTR_WORLD_SIZE: ident.world_size})
 
     def _install_hooks(self) -> None:
         hooks = self._hooks
@@ -332,9 +332,9 @@ class Instrumentation:
         end_perf = time.perf_counter_ns()
         deadline = time.monotonic() + cfg.shutdown_timeout_s
         status = self._status(exc)
-        self.log.info("otel_train.stop", status=status, signal=self._signal_name,
-                      steps=self.tracker.step,
-                      error=repr(exc) if exc is not None else None)
+        self.log.info(semconv.LOG_STOP, signal=self._signal_name,
+                      error=repr(exc) if exc is not None else None,
+                      **{semconv.ATTR_STATUS: status, semconv.ATTR_STEPS: self.tracker.step})
         self._logs.remove()
         # The run spans are built by the emitter too, after every record before them.
         self.emitter.on_event(_RUN_END, lambda payload: self._run_spans(*payload))

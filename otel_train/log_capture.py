@@ -8,7 +8,9 @@ on the training thread because otel-train creates spans later, off-thread. Inste
 - a log-record factory stamps every stdlib ``LogRecord`` with ``trace_id``, ``span_id``,
   ``run_id``, ``rank`` and ``step`` (hex ids, usable in any formatter);
 - a handler on the root logger appends each record to the hot-path buffer; the emitter
-  turns it into an OTel log record with those ids;
+  turns it into an OTel log record in that context, under the logger's name as its
+  instrumentation scope, with ``training.run.id``, ``training.rank`` and ``training.step``
+  (the names spans and metrics use: ``semconv.CONSOLE_TO_ATTRIBUTE``);
 - structlog gets the same two processors: ``add_ids`` and ``bridge``. When the application
   has not configured structlog, otel-train configures JSON lines on stderr; when it has, the
   two processors are put in front of its renderer. Either way the configuration is restored
@@ -39,8 +41,8 @@ from otel_train.tracker import StepTracker
 #: loggers whose records are never bridged (the exporters' own complaints would loop)
 _NOT_BRIDGED = ("opentelemetry", "otel_train.internal", "urllib3", "grpc")
 _STDLIB_FIELDS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
-    "message", "asctime", semconv.LOG_TRACE_ID, semconv.LOG_SPAN_ID, semconv.LOG_RUN_ID,
-    semconv.LOG_RANK, semconv.LOG_STEP,
+    "message", "asctime", semconv.CONSOLE_TRACE_ID, semconv.CONSOLE_SPAN_ID,
+    semconv.CONSOLE_RUN_ID, semconv.CONSOLE_RANK, semconv.CONSOLE_STEP,
 }
 
 
@@ -94,27 +96,45 @@ def make_add_ids(ctx: LogContext) -> Callable[..., dict[str, Any]]:
     """structlog processor: fill in the run's ids unless the event carries its own."""
 
     def add_ids(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        if semconv.LOG_TRACE_ID not in event:
+        if semconv.CONSOLE_TRACE_ID not in event:
             step, trace_id, span_id = ctx.ids()
-            event[semconv.LOG_TRACE_ID] = f"{trace_id:032x}"
-            event[semconv.LOG_SPAN_ID] = f"{span_id:016x}"
-            event.setdefault(semconv.LOG_STEP, step)
-        event.setdefault(semconv.LOG_RUN_ID, ctx.run_id)
-        event.setdefault(semconv.LOG_RANK, ctx.rank)
+            event[semconv.CONSOLE_TRACE_ID] = f"{trace_id:032x}"
+            event[semconv.CONSOLE_SPAN_ID] = f"{span_id:016x}"
+            event.setdefault(semconv.CONSOLE_STEP, step)
+        event.setdefault(semconv.CONSOLE_RUN_ID, ctx.run_id)
+        event.setdefault(semconv.CONSOLE_RANK, ctx.rank)
         return event
 
     return add_ids
+
+
+#: structlog event keys that name the logger: ``add_logger_name``'s, and the one bound by
+#: ``wrap_logger(logger_name=...)`` (otel-train's own)
+_LOGGER_KEYS = ("logger", "logger_name")
+
+
+def structlog_scope(logger: Any, event: dict[str, Any]) -> str:
+    """The instrumentation scope of a structlog event: its logger's name where the event or
+    the wrapped logger (a stdlib one) has one, else ``semconv.SCOPE_USER_LOGS``."""
+    for key in _LOGGER_KEYS:
+        name = event.get(key)
+        if isinstance(name, str) and name:
+            return name
+    name = getattr(logger, "name", None)
+    return name if isinstance(name, str) and name else semconv.SCOPE_USER_LOGS
 
 
 def make_bridge(ctx: LogContext) -> Callable[..., dict[str, Any]]:
     """structlog processor: hand a copy of the event to the emitter (OTel logs)."""
 
     def bridge(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-        fields = {k: v for k, v in event.items() if k not in ("event", "exc_info")}
+        fields = {k: v for k, v in event.items()
+                  if k not in ("event", "exc_info") and k not in _LOGGER_KEYS}
         exc_info = _structlog_exc_info(event.get("exc_info"))
         if exc_info is not None:
             fields.update(exception_fields(exc_info))
-        ctx.recorder.put((LOG, time.time_ns(), method, str(event.get("event", "")), fields))
+        ctx.recorder.put((LOG, time.time_ns(), method, str(event.get("event", "")), fields,
+                          structlog_scope(logger, event)))
         return event
 
     return bridge
@@ -140,17 +160,17 @@ class BridgeHandler(logging.Handler):
         try:
             fields = {k: v for k, v in vars(record).items() if k not in _STDLIB_FIELDS}
             fields.update({
-                semconv.LOG_TRACE_ID: getattr(record, semconv.LOG_TRACE_ID, None),
-                semconv.LOG_SPAN_ID: getattr(record, semconv.LOG_SPAN_ID, None),
-                semconv.LOG_STEP: getattr(record, semconv.LOG_STEP, None),
-                semconv.LOG_RUN_ID: self.ctx.run_id,
-                semconv.LOG_RANK: self.ctx.rank,
-                "logger": record.name,
+                semconv.CONSOLE_TRACE_ID: getattr(record, semconv.CONSOLE_TRACE_ID, None),
+                semconv.CONSOLE_SPAN_ID: getattr(record, semconv.CONSOLE_SPAN_ID, None),
+                semconv.CONSOLE_STEP: getattr(record, semconv.CONSOLE_STEP, None),
+                semconv.CONSOLE_RUN_ID: self.ctx.run_id,
+                semconv.CONSOLE_RANK: self.ctx.rank,
             })
             if record.exc_info and record.exc_info[0] is not None:
                 fields.update(exception_fields(record.exc_info))
+            # the logger's name is the record's instrumentation scope (root: "root")
             self.ctx.recorder.put((LOG, int(record.created * 1e9), record.levelname.lower(),
-                                   record.getMessage(), fields))
+                                   record.getMessage(), fields, record.name))
         except Exception:  # a log line must never break training
             self.handleError(record)
 

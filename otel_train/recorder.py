@@ -15,7 +15,7 @@ from otel_train import semconv
 # Record kinds: the first element of every record tuple.
 PHASE = "phase"  # (PHASE, step, phase, micro, start_ns, end_ns, span_id)
 STEP = "step"  # (STEP, step, start_ns, end_ns, micro_batches, samples, tokens)
-LOG = "log"  # (LOG, time_ns, level, event, fields): the ids ride in fields (log_capture.py)
+LOG = "log"  # (LOG, time_ns, level, event, fields, scope): the ids ride in fields (log_capture.py)
 EVENT = "event"  # (EVENT, source, payload): records of the sources/ modules
 
 _SIGNAL_OF_KIND = {

@@ -76,7 +76,10 @@ ATTR_STATUS = "training.status"
 ATTR_STEPS = "training.steps"
 #: on train.rank_step: the per-phase totals of that rank's step, in seconds
 ATTR_PHASE_TOTAL_PREFIX = "training.phase_total."
-ATTR_STEP_DURATION = "training.step.duration_s"
+#: (named under ``training.rank_step``: ``training.step`` is the step's number, an attribute,
+#: so it is no namespace; before 0.2.0 these were ``training.step.duration_s`` and
+#: ``training.step.gpu_duration_s``, still read by the report)
+ATTR_STEP_DURATION = "training.rank_step.duration_s"
 #: on train.rank_step: seconds this rank's cgroup was CPU-throttled during the step
 ATTR_CPU_THROTTLED = "training.cpu.throttled_s"
 
@@ -130,6 +133,11 @@ ATTR_COLLECTIVE_TOTAL_S = "collective.total_s"
 ATTR_COLLECTIVE_SEQ_LAST = "collective.seq_last"
 EVENT_COLLECTIVE_STALLED = "collective.stalled"
 LOG_COLLECTIVE_STALLED = "otel_train.collective_stalled"
+#: bodies of otel-train's own log records that the contract names
+LOG_STEP_END = "train.step.end"
+LOG_START = "otel_train.start"
+LOG_STOP = "otel_train.stop"
+LOG_COMPILE = "otel_train.compile"
 #: values of collective.op (bounded: metric attribute)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                   "barrier", "all_to_all", "send", "recv", "gather", "scatter", "other")
@@ -171,15 +179,32 @@ SIGNAL_LOGS = "logs"
 SIGNAL_NCCL_ENTRIES = "nccl_entries"
 
 # --- log fields --------------------------------------------------------------------------
-LOG_TRACE_ID = "trace_id"
+#: Exported log records carry the attribute names of spans and metrics (the record's own
+#: trace and span ids are its context, not attributes). On the console (otel-train's JSON
+#: lines on stderr) and on stdlib ``LogRecord`` objects, for ``%(trace_id)s``-style
+#: formatters, the same fields have short names: CONSOLE_*.
+CONSOLE_TRACE_ID = "trace_id"
+CONSOLE_SPAN_ID = "span_id"
+CONSOLE_RUN_ID = "run_id"
+CONSOLE_RANK = "rank"
+CONSOLE_STEP = "step"
+#: the short names the exporter renames to the contract's (any other field keeps its name)
+CONSOLE_TO_ATTRIBUTE = {CONSOLE_RUN_ID: ATTR_RUN_ID, CONSOLE_RANK: ATTR_RANK,
+                        CONSOLE_STEP: ATTR_STEP}
+LOG_TRACE_ID = "trace_id"  # where a reader sees the record's context (OTLP traceId)
 LOG_SPAN_ID = "span_id"
-LOG_RUN_ID = "run_id"
-LOG_RANK = "rank"
-LOG_STEP = "step"
-LOG_PHASE = "phase"
-LOG_DURATION_MS = "duration_ms"
-#: the fields every log line carries (checked by ``otel-train check``)
+LOG_RUN_ID = ATTR_RUN_ID
+LOG_RANK = ATTR_RANK
+LOG_STEP = ATTR_STEP
+LOG_PHASE = ATTR_PHASE
+#: a timed event's duration, seconds (the phase-total attributes' unit)
+LOG_DURATION = "training.duration_s"
+#: the fields every log record carries (checked by ``otel-train check``)
 LOG_REQUIRED_FIELDS = (LOG_TRACE_ID, LOG_SPAN_ID, LOG_RUN_ID, LOG_RANK, LOG_STEP)
+#: the log attributes' names before 0.2.0, which ``check`` still reads in older run
+#: directories: new name -> old name
+LOG_LEGACY_NAMES = {LOG_RUN_ID: "run_id", LOG_RANK: "rank", LOG_STEP: "step",
+                    LOG_PHASE: "phase", LOG_DURATION: "duration_ms"}
 #: a log record's exception (OpenTelemetry semantic conventions, exceptions in logs):
 #: ``logger.exception()``, ``exc_info=True``, structlog's ``.exception()``
 ATTR_EXCEPTION_TYPE = "exception.type"
@@ -187,7 +212,10 @@ ATTR_EXCEPTION_MESSAGE = "exception.message"
 ATTR_EXCEPTION_STACKTRACE = "exception.stacktrace"
 
 # --- instrumentation scope ---------------------------------------------------------------
+#: otel-train's own spans, metrics and log records; a user's log records are under their
+#: logger's name (a stdlib logger's, or a structlog event's ``logger``), or SCOPE_USER_LOGS
 SCOPE_NAME = "otel_train"
+SCOPE_USER_LOGS = "structlog"
 #: the OpenTelemetry semantic conventions our resource and attribute names follow (the
 #: resource's and every scope's schema URL); a release of opentelemetry-semantic-conventions
 #: pinned by pyproject.toml lists it (tests/sdk/test_otel_conventions.py)
@@ -255,7 +283,10 @@ METRIC_COMPILE_INCONSISTENT = "training.compile.inconsistent"
 #: on train.rank_step: GPU-timed per-phase totals in seconds (CUDA events, current stream)
 ATTR_PHASE_GPU_TOTAL_PREFIX = "training.phase_gpu_total."
 #: on train.rank_step: GPU time from the step's first phase marker to its last
-ATTR_STEP_GPU_DURATION = "training.step.gpu_duration_s"
+ATTR_STEP_GPU_DURATION = "training.rank_step.gpu_duration_s"
+#: span attributes' names before 0.2.0, which the report still reads: new name -> old name
+ATTR_LEGACY_NAMES = {ATTR_STEP_DURATION: "training.step.duration_s",
+                     ATTR_STEP_GPU_DURATION: "training.step.gpu_duration_s"}
 #: on train.rank_step: how far the GPU ran behind the host at the step's first phase, s
 ATTR_GPU_LAG = "training.gpu.lag_s"
 #: on train.rank_step: width of the GPU-to-wall clock mapping's uncertainty interval, s
@@ -399,7 +430,9 @@ _DEFINITIONS = (
            "Graphs dynamo handed to the compiler backend."),
     Metric(METRIC_COMPILE_RECOMPILE_LIMIT_HITS, COUNTER, "{frame}",
            "Frames that hit the recompile limit and fell back to eager."),
-    Metric(METRIC_COMPILE_INCONSISTENT, GAUGE, "1",
+    # a flag (0 or 1) per rank, so summed over ranks: how many differ; a unit of "1" would
+    # name it a ratio (training_compile_inconsistent_ratio)
+    Metric(METRIC_COMPILE_INCONSISTENT, GAUGE, "{rank}",
            "1 while this rank compiled other graphs than the reference rank."),
 )
 #: every metric otel-train creates, by OpenTelemetry name

@@ -239,10 +239,11 @@ def _traces_and_logs(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.log_panel(
             "Logs of the selected run and ranks (trace_id opens the trace)",
-            "JSON log lines carrying trace_id, span_id, run_id, rank and step; the Loki "
-            "data source turns trace_id into a Tempo link.",
+            "Log records in the context of their step (trace_id, span_id) carrying "
+            "training.run.id, training.rank and training.step (in Loki: training_run_id, ...); "
+            "the Loki data source turns trace_id into a Tempo link.",
             kit.logql(
-                f'{{service_name="$service"}} | json | {names.LOG_RUN_ID}=~"$run_id" | {names.LOG_RANK}=~"$rank"'
+                f'{{service_name="$service"}} | {names.LOG_RUN_ID}=~"$run_id" | {names.LOG_RANK}=~"$rank"'
             ),
             width=12,
         )

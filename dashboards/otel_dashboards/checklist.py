@@ -258,9 +258,10 @@ def _item_sampling(board: dash.Dashboard) -> None:
 
 
 def _item_logs(board: dash.Dashboard) -> None:
-    board.with_row(dash.Row("6. Logs carry trace_id, span_id, run_id, rank and step"))
+    board.with_row(dash.Row("6. Logs carry trace_id, span_id, run id, rank and step"))
     required = " or ".join(
-        f'{field}=""' for field in (names.LOG_TRACE_ID, names.LOG_SPAN_ID, names.LOG_RANK, "step")
+        f'{field}=""'
+        for field in (names.LOG_TRACE_ID, names.LOG_SPAN_ID, names.LOG_RANK, names.LOG_STEP)
     )
     board.with_panel(
         kit.single_stat(

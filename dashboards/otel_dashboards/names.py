@@ -106,8 +106,11 @@ ATTR_COLLECTIVE_OP = semconv.ATTR_COLLECTIVE_OP
 ATTR_COLLECTIVE_BYTES = semconv.ATTR_COLLECTIVE_BYTES
 ATTR_COLLECTIVE_BUS_BW = semconv.ATTR_COLLECTIVE_BUS_BW
 ATTR_COMPILE_REASON = semconv.ATTR_COMPILE_REASON
+#: log fields as Loki's OTLP ingestion stores them (structured metadata: the record's
+#: trace and span ids, and its attributes with dots as underscores)
 LOG_TRACE_ID = semconv.LOG_TRACE_ID
 LOG_SPAN_ID = semconv.LOG_SPAN_ID
-LOG_RUN_ID = semconv.LOG_RUN_ID
-LOG_RANK = semconv.LOG_RANK
+LOG_RUN_ID = semconv.prometheus_label(semconv.LOG_RUN_ID)  # training_run_id
+LOG_RANK = semconv.prometheus_label(semconv.LOG_RANK)
+LOG_STEP = semconv.prometheus_label(semconv.LOG_STEP)
 SERVICE_NAME_DEFAULT = semconv.SERVICE_NAME_DEFAULT

@@ -110,7 +110,16 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         arrivals=arr.summarise(traces.arrivals, matching, lateness, durations),
         rank_fates=fates, warmup_steps=warmup,
         steady_steps=len(set(durations) - warm) or len(durations),
+        unreadable_ranks=_unreadable_ranks(run_dir, world, set(by_rank)),
     )
+
+
+def _unreadable_ranks(run_dir: Path, world: int, seen: set[int]) -> list[int]:
+    """Ranks none of whose spans were read though their own traces file (the file
+    exporter's ``traces.rank-<N>.jsonl``) is not empty: damaged or truncated, not silent."""
+    return [rank for rank in range(world) if rank not in seen
+            and any(path.stat().st_size > 0
+                    for path in run_dir.glob(f"traces.rank-{rank}.jsonl"))]
 
 
 def _say_failures(slow: list[SlowStep], fates: list[RankFate], lag: st.Straggler) -> None:

@@ -66,6 +66,9 @@ def _summary(report: Report) -> str:
              f"wall {fmt_s(report.wall_s)}"]
     items.extend(fate.sentence for fate in report.rank_fates)
     items.extend(warmup_lines(report))
+    if report.unreadable_ranks:
+        items.append(f"ranks whose traces could not be read (damaged or truncated files): "
+                     f"{report.unreadable_ranks}")
     if report.missing_ranks:
         items.append(f"ranks that sent no telemetry: {report.missing_ranks}")
     if report.straggler is not None:

@@ -467,7 +467,21 @@ def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
     return spans
 
 
+#: the attributes the report does arithmetic on, with their types: converted as a span is
+#: read, so that a value of the wrong type damages its line there (named, the rest read)
+#: rather than raising later, in the report's arithmetic
+_TYPED_ATTRIBUTES = {semconv.ATTR_RANK: int, semconv.ATTR_STEP: int,
+                     semconv.ATTR_MICRO_BATCH: int,
+                     semconv.ATTR_COLLECTIVE_GPU_DURATION: float,
+                     semconv.ATTR_COLLECTIVE_TOTAL_S: float,
+                     semconv.ATTR_COLLECTIVE_BYTES: int}
+
+
 def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
+    attributes = decode_attributes(raw.get("attributes"))
+    for key, kind in _TYPED_ATTRIBUTES.items():
+        if key in attributes:
+            attributes[key] = kind(attributes[key])
     return Span(
         name=raw.get("name", ""),
         trace_id=raw.get("traceId", ""),
@@ -475,7 +489,7 @@ def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
         parent_id=raw.get("parentSpanId", "") or "",
         start_ns=int(raw.get("startTimeUnixNano", 0)),
         end_ns=int(raw.get("endTimeUnixNano", 0)),
-        attributes=decode_attributes(raw.get("attributes")),
+        attributes=attributes,
         resource=resource,
         links=links_of(raw),
     )

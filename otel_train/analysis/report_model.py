@@ -367,12 +367,17 @@ class Report:
     #: warm-up one flagged (``warmup``)
     warmup_steps: list[SlowStep] = field(default_factory=list)
     steady_steps: int = 0
+    #: ranks of the world none of whose spans could be read although their traces file
+    #: holds something (damaged or truncated: the readers name the file and line)
+    unreadable_ranks: list[int] = field(default_factory=list)
 
     @property
     def missing_ranks(self) -> list[int]:
         """Ranks of the world (every rank records its world size) that sent no telemetry:
-        a rank whose instrumentation failed to start trains on, and must not vanish."""
-        return sorted(set(range(self.world_size)) - set(self.ranks))
+        a rank whose instrumentation failed to start trains on, and must not vanish. A
+        rank whose file is there but unreadable is not one of them."""
+        return sorted(set(range(self.world_size)) - set(self.ranks)
+                      - set(self.unreadable_ranks))
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

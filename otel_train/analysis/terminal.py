@@ -124,6 +124,10 @@ def _header(report: Report) -> str:
              f"{report.sampled_steps} sampled steps{trained}, wall {fmt_s(report.wall_s)}"]
     for fate in report.rank_fates:
         lines.append(f"[bold red]{escape(fate.sentence)}[/]")
+    if report.unreadable_ranks:
+        lines.append(f"[bold red]ranks whose traces could not be read: "
+                     f"{report.unreadable_ranks}[/] (their files are damaged or truncated: "
+                     "see the warnings above)")
     if report.missing_ranks:
         lines.append(f"[bold red]ranks that sent no telemetry: {report.missing_ranks}[/] "
                      f"(of {report.world_size}; their instrumentation did not start or "

@@ -145,7 +145,8 @@ class StepTable:
         self.throttled.append(float(attrs.get(sc.ATTR_CPU_THROTTLED, 0.0)))
         self.steps.append(int(attrs.get(sc.ATTR_STEP, -1)))
         self.ranks.append(int(attrs.get(sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
-        duration = float(attrs.get(sc.ATTR_STEP_DURATION, duration_s))
+        duration = float(attrs.get(sc.ATTR_STEP_DURATION, attrs.get(
+            sc.ATTR_LEGACY_NAMES[sc.ATTR_STEP_DURATION], duration_s)))
         self.durations.append(duration)
         timed = 0.0
         for column, key in zip(self.phases.values(), _PHASE_TOTALS, strict=False):

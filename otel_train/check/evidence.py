@@ -229,17 +229,28 @@ class LogEvidence:
     example_missing: dict[str, str] = field(default_factory=dict)
 
     def add(self, trace_id: str, span_id: str, attrs: dict, body: object) -> None:
+        """One record: its context's ids and its attributes, by their OpenTelemetry names, as
+        Loki stores them (dots as underscores) or by their names before 0.2.0."""
         self.records += 1
         present = {sc.LOG_TRACE_ID: bool(trace_id.strip("0") or attrs.get(sc.LOG_TRACE_ID)),
                    sc.LOG_SPAN_ID: bool(span_id.strip("0") or attrs.get(sc.LOG_SPAN_ID))}
         for name in sc.LOG_REQUIRED_FIELDS:
-            if not present.get(name, attrs.get(name) not in (None, "")):
+            if not present.get(name, log_field(attrs, name) not in (None, "")):
                 self.missing[name] += 1
                 self.example_missing.setdefault(name, str(body)[:80])
-        if attrs.get(sc.LOG_PHASE) is not None:
+        if log_field(attrs, sc.LOG_PHASE) is not None:
             self.timed += 1
-            if attrs.get(sc.LOG_DURATION_MS) is None:
+            if log_field(attrs, sc.LOG_DURATION) is None:
                 self.timed_without_duration += 1
+
+
+def log_field(attrs: dict, name: str) -> Any:
+    """A log record's field ``name`` (a semconv.LOG_* name): under that name, as Loki's OTLP
+    ingestion stores it (``training_run_id``), or under its name before 0.2.0."""
+    for key in (name, name.replace(".", "_"), sc.LOG_LEGACY_NAMES.get(name)):
+        if key is not None and attrs.get(key) is not None:
+            return attrs[key]
+    return None
 
 
 @dataclass

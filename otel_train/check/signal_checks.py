@@ -60,13 +60,13 @@ def log_fields(ev: RunEvidence) -> CheckResult:
                 if logs.missing[f]]
     if not logs.timed:
         problems.append(f"no timed events: no record has {sc.LOG_PHASE} and "
-                        f"{sc.LOG_DURATION_MS}")
+                        f"{sc.LOG_DURATION}")
     elif logs.timed_without_duration:
         problems.append(f"{logs.timed_without_duration} of {logs.timed} timed records lack "
-                        f"{sc.LOG_DURATION_MS}")
+                        f"{sc.LOG_DURATION}")
     evidence = "; ".join(problems) if problems else (
         f"all {logs.records} records carry {', '.join(sc.LOG_REQUIRED_FIELDS)}; "
-        f"{logs.timed} timed records carry {sc.LOG_PHASE} and {sc.LOG_DURATION_MS}")
+        f"{logs.timed} timed records carry {sc.LOG_PHASE} and {sc.LOG_DURATION}")
     return _result("log_fields", not problems, evidence, fix)
 
 

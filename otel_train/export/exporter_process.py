@@ -82,9 +82,9 @@ class Exporter:
             else:
                 instrument(value, attrs, context=ctx)
         elif kind == remote.OP_LOG:
-            _, time_ns, observed_ns, parent, severity, severity_text, body, attrs = op
+            _, time_ns, observed_ns, parent, severity, severity_text, body, attrs, scope = op
             self.pipeline.emit_log(time_ns, observed_ns, _ctx(parent), severity,
-                                   severity_text, body, attrs)
+                                   severity_text, body, attrs, scope)
         elif kind == remote.OP_COLLECTIVES:
             _, spec, rows, duration_id, size_id = op
             self.pipeline.collectives(spec, rows, self.instruments[duration_id],

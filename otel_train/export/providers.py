@@ -66,6 +66,8 @@ Dropped = collections.Counter  # signal -> count
 _SAMPLED_FLAGS = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED_FLAGS = TraceFlags(TraceFlags.DEFAULT)
 _UNSET_STATUS = trace.Status(trace.StatusCode.UNSET)
+#: distinct user logger names given scopes of their own; later ones share SCOPE_USER_LOGS
+_MAX_USER_SCOPES = 256
 
 
 # --- counting wrappers -------------------------------------------------------------------
@@ -674,6 +676,8 @@ class Pipeline:
         self._span_processors = [p for p in self.processors if isinstance(p, BatchSpanProcessor)]
         self.meter = self.meter_provider.get_meter(*scope)
         self.otel_logger = self.logger_provider.get_logger(*scope)
+        #: the loggers of users' scopes (their logger names), made on first use
+        self._user_loggers: dict[str, Any] = {}
 
     # --- what the emitter makes: the one place OpenTelemetry objects are built ----------
     def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
@@ -747,14 +751,28 @@ class Pipeline:
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,
-                 attributes: dict[str, Any]) -> None:
-        """One log record, in the context of ``parent`` (its trace and span ids) if given."""
+                 attributes: dict[str, Any], scope: str = semconv.SCOPE_NAME) -> None:
+        """One log record, in the context of ``parent`` (its trace and span ids) if given,
+        under the instrumentation scope ``scope``: otel-train's, or a user logger's name."""
         ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
                else None)
-        self.otel_logger.emit(
+        self._logger(scope).emit(
             timestamp=time_ns, observed_timestamp=observed_ns, context=ctx,
             severity_number=SeverityNumber(severity), severity_text=severity_text, body=body,
             attributes=attributes)
+
+    def _logger(self, scope: str) -> Any:
+        if scope == semconv.SCOPE_NAME:
+            return self.otel_logger
+        logger = self._user_loggers.get(scope)
+        if logger is None:
+            if len(self._user_loggers) >= _MAX_USER_SCOPES:  # logger names made per call
+                scope = semconv.SCOPE_USER_LOGS
+                logger = self._user_loggers.get(scope)
+            if logger is None:
+                # no version, no schema URL: the user's scope, not otel-train's
+                logger = self._user_loggers[scope] = self.logger_provider.get_logger(scope)
+        return logger
 
     def _exporters(self, run_dir: Path | None, rank: int) -> dict[str, Any]:
         """Each signal's exporter, None where it is not exported: of the kind its

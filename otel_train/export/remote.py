@@ -53,7 +53,7 @@ from otel_train.identity import Identity
 
 # operations: the first element says what the rest is
 OP_SPAN = "S"  # (S, name, parent, start, end, attrs, span_id, trace_id, links, error, events)
-OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs)
+OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs, scope)
 OP_INSTRUMENT = "I"  # (I, id, metric name): the exporter makes semconv.METRICS[name]
 OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
 OP_COLLECTIVES = "C"  # (C, step spec, rows, duration id, size id): collective_rows.py, or
@@ -588,10 +588,10 @@ class RemotePipeline:
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,
-                 attributes: dict[str, Any]) -> None:
+                 attributes: dict[str, Any], scope: str = semconv.SCOPE_NAME) -> None:
         self._ops.append((OP_LOG, time_ns, observed_ns, ctx_tuple(parent),
                           getattr(severity, "value", severity),
-                          severity_text, body, attributes))
+                          severity_text, body, attributes, scope))
 
     def commit(self) -> None:
         """Send what was queued (the emitter calls this after each drain)."""

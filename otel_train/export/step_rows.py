@@ -84,12 +84,12 @@ def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., A
     if record.sampled:
         attributes: dict[str, Any] = {
             semconv.LOG_STEP: record.step, semconv.LOG_PHASE: "step",
-            semconv.LOG_DURATION_MS: step_s * 1e3,
-            **{f"{p}_ms": s * 1e3 for p, s in record.phase_totals.items()},
+            semconv.LOG_DURATION: step_s,
+            **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in record.phase_totals.items()},
             semconv.LOG_RUN_ID: record.run_id, semconv.LOG_RANK: record.rank,
         }
         emit_log(record.end_ns, observed_ns or record.end_ns, rank_ctx, SeverityNumber.INFO,
-                 "INFO", "train.step.end", attributes)
+                 "INFO", semconv.LOG_STEP_END, attributes)
 
 
 def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) -> None:

@@ -195,15 +195,18 @@ def test_ddp_eager_all_reduces_gradients_under_backward_and_a_late_rank_is_a_sta
             if r["body"]["stringValue"] == semconv.LOG_COLLECTIVE_STALLED]
     assert len(logs) == 1 and logs[0]["severityText"] == "ERROR"
     attrs = logs[0]["attrs"]
-    assert attrs["op"] == "all_reduce" and attrs["rank"] == 0 and attrs["bytes"] == 4
-    assert attrs["seq"] == stalled[0]["attrs"][semconv.ATTR_COLLECTIVE_SEQ]
-    assert attrs["group"] == stalled[0]["attrs"][semconv.ATTR_COLLECTIVE_GROUP]
+    # the span's attribute names, on the log record too
+    assert attrs[semconv.ATTR_COLLECTIVE_OP] == "all_reduce" and attrs[semconv.ATTR_RANK] == 0
+    assert attrs[semconv.ATTR_COLLECTIVE_BYTES] == 4
+    assert attrs[semconv.ATTR_COLLECTIVE_SEQ] == stalled[0]["attrs"][semconv.ATTR_COLLECTIVE_SEQ]
+    assert attrs[semconv.ATTR_COLLECTIVE_GROUP] == \
+        stalled[0]["attrs"][semconv.ATTR_COLLECTIVE_GROUP]
     assert (logs[0]["traceId"], logs[0]["spanId"]) == (stalled[0]["traceId"], stalled[0]["spanId"])
     # the late rank's all-reduce of that step has the same sequence number: the rank behind
     late = next(s for s in colls if s["attrs"][semconv.ATTR_RANK] == 1
                 and s["attrs"][semconv.ATTR_STEP] == 2
                 and s["attrs"][semconv.ATTR_COLLECTIVE_BYTES] == 4)
-    assert late["attrs"][semconv.ATTR_COLLECTIVE_SEQ] == attrs["seq"]
+    assert late["attrs"][semconv.ATTR_COLLECTIVE_SEQ] == attrs[semconv.ATTR_COLLECTIVE_SEQ]
 
 
 @pytest.mark.slow

@@ -149,7 +149,7 @@ def test_two_ranks_with_different_shapes_are_reported_inconsistent(tmp_path):
     warnings, gauge = _inconsistency(_two_ranks(tmp_path, (4, 6)))
     [warning] = warnings
     assert warning["attrs"][semconv.LOG_RANK] == 1
-    assert warning["attrs"]["inconsistency"] == "graph"
+    assert warning["attrs"][semconv.ATTR_COMPILE_INCONSISTENCY] == "graph"
     assert warning["attrs"]["graph_index"] == 0
     assert warning["severityText"] == "WARNING"
     assert gauge == {0: 0, 1: 1}

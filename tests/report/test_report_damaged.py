@@ -90,6 +90,45 @@ def test_a_truncated_traces_file_is_named_truncated(
             "was killed while writing it, or is still writing it)") in err
 
 
+def test_a_rank_whose_traces_file_is_cut_whole_is_unreadable_not_silent(
+        copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A rank none of whose spans can be read (its traces file cut inside its first line) is
+    named as unreadable, not as a rank that sent nothing or whose instrumentation failed."""
+    path = copy / "traces.rank-1.jsonl"
+    path.write_bytes(path.read_bytes()[:3000])
+    status, out, err = report(copy, capsys)
+    assert status == 0 and f"{path}: truncated: its last line, line 1" in err
+    assert "ranks whose traces could not be read: [1]" in " ".join(out.split())
+    assert "sent no telemetry" not in out
+    status, out, _ = report(copy, capsys, "--json")
+    data = json.loads(out)
+    assert (data["unreadable_ranks"], data["missing_ranks"]) == ([1], [])
+
+
+def test_a_phase_span_of_the_wrong_type_damages_its_line_in_pass_two(
+        copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Phase spans are read only for the slowest steps (pass two): a wrongly typed rank on
+    one was a traceback from the report's arithmetic; it damages its line, named."""
+    path = copy / "traces.rank-1.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    for number, line in enumerate(lines, 1):
+        request = json.loads(line)
+        forward = [span for rs in request["resourceSpans"] for ss in rs["scopeSpans"]
+                   for span in ss["spans"] if span["name"] == "train.forward"]
+        for span in forward:
+            for attribute in span["attributes"]:
+                if attribute["key"] == "training.rank":
+                    attribute["value"] = {"stringValue": "one"}
+        if forward:
+            lines[number - 1] = json.dumps(request).encode() + b"\n"
+            break
+    path.write_bytes(b"".join(lines))
+    status, out, err = report(copy, capsys)
+    assert status == 0 and f"run {RUN_ID}: 2 ranks" in out
+    assert (f"{path}: 1 damaged line (line {number}: a field of the wrong type (ValueError: "
+            "invalid literal for int() with base 10: 'one'))") in err
+
+
 def test_damage_read_by_the_worker_processes_is_warned_of_too(
         copy: Path, capfd: pytest.CaptureFixture[str]) -> None:
     torn = damage.tear_line(copy / "traces.rank-1.jsonl", 1)

@@ -74,8 +74,10 @@ def _logs(requests: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         for rl in request.get("resourceLogs", []):
             resource = attrs(rl.get("resource", {}))
             for sl in rl.get("scopeLogs", []):
+                scope = sl.get("scope", {})
                 for record in sl.get("logRecords", []):
-                    out.append({**record, "attrs": attrs(record), "resource": resource})
+                    out.append({**record, "attrs": attrs(record), "resource": resource,
+                                "scope": scope})
     return out
 
 

@@ -310,12 +310,12 @@ def step_logs(spec: RunSpec, step: int, rs: RankStep) -> list[dict[str, Any]]:
     wait = rs.phases[sc.PHASE_DATA_WAIT]
     if wait > 0.5 or step % 100 == 0:
         logs.append(_log(spec, rs.rank, step, rs.start_ns, "data_wait", {
-            sc.LOG_PHASE: sc.PHASE_DATA_WAIT, sc.LOG_DURATION_MS: round(wait * 1000, 3)}))
+            sc.LOG_PHASE: sc.PHASE_DATA_WAIT, sc.LOG_DURATION: round(wait, 6)}))
     if rs.compile_reason:
         logs.append(_log(spec, rs.rank, step, rs.start_ns, "compiled", {
             sc.LOG_PHASE: sc.PHASE_COMPILE,
-            sc.LOG_DURATION_MS: round(rs.phases[sc.PHASE_COMPILE] * 1000, 3),
-            "reason": rs.compile_reason}))
+            sc.LOG_DURATION: round(rs.phases[sc.PHASE_COMPILE], 6),
+            sc.ATTR_COMPILE_REASON: rs.compile_reason}))
     return logs
 
 

@@ -40,10 +40,17 @@ class StallWatch:
         trace_id = identity.step_trace_id(self.run_id, coll.step)
         self.log.error(
             semconv.LOG_COLLECTIVE_STALLED,
-            op=coll.op, seq=coll.seq, group=coll.group, group_size=coll.group_size,
-            backend=coll.backend, bytes=coll.nbytes, shape=list(coll.shape), dtype=coll.dtype,
-            api=coll.api, pending_s=round((now_perf - coll.issue) / 1e9, 3),
+            pending_s=round((now_perf - coll.issue) / 1e9, 3),
             timeout_s=self.timeout_ns / 1e9,
-            **{semconv.LOG_STEP: coll.step,
-               semconv.LOG_TRACE_ID: f"{trace_id:032x}",
-               semconv.LOG_SPAN_ID: f"{coll.span_id:016x}"})
+            # the train.collective span's attribute names
+            **{semconv.ATTR_COLLECTIVE_OP: coll.op, semconv.ATTR_COLLECTIVE_SEQ: coll.seq,
+               semconv.ATTR_COLLECTIVE_GROUP: coll.group,
+               semconv.ATTR_COLLECTIVE_GROUP_SIZE: coll.group_size,
+               semconv.ATTR_COLLECTIVE_BACKEND: coll.backend,
+               semconv.ATTR_COLLECTIVE_BYTES: coll.nbytes,
+               semconv.ATTR_COLLECTIVE_SHAPE: list(coll.shape),
+               semconv.ATTR_COLLECTIVE_DTYPE: coll.dtype,
+               semconv.ATTR_COLLECTIVE_API: coll.api,
+               semconv.CONSOLE_STEP: coll.step,
+               semconv.CONSOLE_TRACE_ID: f"{trace_id:032x}",
+               semconv.CONSOLE_SPAN_ID: f"{coll.span_id:016x}"})

@@ -392,28 +392,32 @@ class CompileSource:
     def _log(self, comp: Compilation, attrs: dict, parent: SpanContext, span_ctx: SpanContext,
              seconds: float) -> None:
         span_id = span_ctx.span_id if span_ctx.trace_flags.sampled else parent.span_id
-        ids = {semconv.LOG_TRACE_ID: f"{parent.trace_id:032x}",
-               semconv.LOG_SPAN_ID: f"{span_id:016x}",
+        ids = {semconv.CONSOLE_TRACE_ID: f"{parent.trace_id:032x}",
+               semconv.CONSOLE_SPAN_ID: f"{span_id:016x}",
                semconv.LOG_STEP: comp.step, semconv.LOG_PHASE: semconv.PHASE_COMPILE,
-               semconv.LOG_DURATION_MS: round(seconds * 1e3, 3)}
-        frame = attrs.get(semconv.ATTR_COMPILE_FRAME)
-        reason = attrs[semconv.ATTR_COMPILE_REASON]
+               semconv.LOG_DURATION: round(seconds, 6)}
+        # the train.compile span's attribute names
+        named = {semconv.ATTR_COMPILE_FRAME: attrs.get(semconv.ATTR_COMPILE_FRAME)}
         if attrs.get(semconv.ATTR_COMPILE_RECOMPILE_LIMIT_HIT):
-            self._emit_log("warning", "otel_train.compile.recompile_limit", ids, frame=frame,
-                           recompile_limit=attrs.get(semconv.ATTR_COMPILE_RECOMPILE_LIMIT),
-                           guard_failure=attrs.get(semconv.ATTR_COMPILE_GUARD_FAILURE),
+            named.update({
+                semconv.ATTR_COMPILE_RECOMPILE_LIMIT: attrs.get(semconv.ATTR_COMPILE_RECOMPILE_LIMIT),
+                semconv.ATTR_COMPILE_GUARD_FAILURE: attrs.get(semconv.ATTR_COMPILE_GUARD_FAILURE)})
+            self._emit_log("warning", "otel_train.compile.recompile_limit", ids, **named,
                            detail="the frame hit the recompile limit and now runs eagerly")
         else:
-            self._emit_log("info", "otel_train.compile", ids, frame=frame, reason=reason,
-                           trigger=attrs[semconv.ATTR_COMPILE_TRIGGER],
-                           graph_breaks=attrs[semconv.ATTR_COMPILE_GRAPH_BREAKS])
+            named.update({
+                semconv.ATTR_COMPILE_REASON: attrs[semconv.ATTR_COMPILE_REASON],
+                semconv.ATTR_COMPILE_TRIGGER: attrs[semconv.ATTR_COMPILE_TRIGGER],
+                semconv.ATTR_COMPILE_GRAPH_BREAKS: attrs[semconv.ATTR_COMPILE_GRAPH_BREAKS]})
+            self._emit_log("info", semconv.LOG_COMPILE, ids, **named)
 
     def _step_ids(self) -> dict[str, Any]:
         """Log ids of the last step this rank finished (its train.rank_step span)."""
         step = max(self._steps_done - 1, 0)
         run_id, rank = self.ctx.identity.run_id, self.ctx.identity.rank
-        return {semconv.LOG_TRACE_ID: f"{identity.step_trace_id(run_id, step):032x}",
-                semconv.LOG_SPAN_ID: f"{identity.rank_step_span_id(run_id, step, rank):016x}",
+        return {semconv.CONSOLE_TRACE_ID: f"{identity.step_trace_id(run_id, step):032x}",
+                semconv.CONSOLE_SPAN_ID:
+                    f"{identity.rank_step_span_id(run_id, step, rank):016x}",
                 semconv.LOG_STEP: step}
 
     def _emit_log(self, level: str, event: str, ids: dict[str, Any], **fields: Any) -> None:
@@ -421,7 +425,8 @@ class CompileSource:
         line would go through the recorder, which the emitter's last pass no longer reads)
         and to the console."""
         fields = {k: v for k, v in fields.items() if v is not None}
-        trace_hex, span_hex = ids.get(semconv.LOG_TRACE_ID), ids.get(semconv.LOG_SPAN_ID)
+        trace_hex = ids.get(semconv.CONSOLE_TRACE_ID)
+        span_hex = ids.get(semconv.CONSOLE_SPAN_ID)
         self.ctx.emitter.emit_log(level, event, {**ids, **fields},
                                   int(trace_hex, 16) if trace_hex else 0,
                                   int(span_hex, 16) if span_hex else 0)
@@ -469,9 +474,10 @@ class CompileSource:
         attrs = {**self.attrs, semconv.ATTR_COMPILE_INCONSISTENCY: kind}
         self.inconsistent_gauge.set(1, attrs)
         self._emit_log(
-            "warning", "otel_train.compile.inconsistent", self._step_ids(), inconsistency=kind,
+            "warning", "otel_train.compile.inconsistent", self._step_ids(),
+            **{semconv.ATTR_COMPILE_INCONSISTENCY: kind,
+               semconv.ATTR_COMPILE_FINGERPRINT: self.fingerprint.value},
             graph_index=index, reference_rank=fpmod.REFERENCE_RANK,
-            fingerprint=self.fingerprint.value,
             detail=("this rank compiled a different graph than the reference rank"
                     if kind == fpmod.GRAPH else
                     "this rank and the reference rank compiled a different number of graphs"))

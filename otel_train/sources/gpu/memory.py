@@ -75,7 +75,7 @@ class MemorySource:
             semconv.METRIC_MEMORY_FRAGMENTATION)}
         self.retries = semconv.create(meter, semconv.METRIC_MEMORY_ALLOC_RETRIES)
         self.ooms = semconv.create(meter, semconv.METRIC_MEMORY_OOMS)
-        self._attrs = {semconv.ATTR_RANK: ctx.emitter.ident.rank}
+        self._attrs = ctx.emitter.ident.metric_attributes()
         self._latest: tuple[int, ...] | None = None
         ctx.emitter.on_event(RECORD, self._on_record)
         ctx.emitter.on_event(OOM_RECORD, self._on_oom_record)
@@ -144,7 +144,7 @@ class MemorySource:
 
     def _on_oom_record(self, payload: tuple[Any, ...]) -> None:
         self._ooms[payload[0]] = payload
-        self.ooms.add(1, {semconv.ATTR_RANK: self.emitter.ident.rank})
+        self.ooms.add(1, self.emitter.ident.metric_attributes())
 
     def _before_step(self, info: Any) -> None:
         latest = self._by_step.pop(info.step, None)

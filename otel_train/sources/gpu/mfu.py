@@ -140,7 +140,7 @@ class MfuSource:
         seconds = (info.end_ns - info.start_ns) / 1e9
         if seconds <= 0:
             return
-        attrs = {semconv.ATTR_RANK: self.emitter.ident.rank}
+        attrs = self.emitter.ident.metric_attributes()
         extra = info.extra_attributes
         if info.samples:
             extra[semconv.ATTR_SAMPLES_PER_S] = info.samples / seconds

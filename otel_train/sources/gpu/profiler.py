@@ -173,7 +173,7 @@ class ProfilerSource:
         }
         if "write_s" in job:
             attrs[semconv.ATTR_PROFILE_WRITE_S] = job["write_s"]
-        metric_attrs = {semconv.ATTR_RANK: ident.rank}
+        metric_attrs = ident.metric_attributes()
         if result is not None:
             if result["overlap"] is not None:
                 attrs[semconv.ATTR_COMM_OVERLAP] = result["overlap"]
