@@ -1,7 +1,10 @@
 """Settings of one instrumented run: arguments first, then ``OTEL_TRAIN_*`` and ``OTEL_*``.
 
-A bad value never stops training: it gives one :class:`ConfigWarning` naming the variable,
-the value and the default used instead.
+Every ``OTEL_TRAIN_*`` variable is read here, and each setting is checked by one rule
+(``SETTINGS``) whether it comes as an argument or from its variable. A bad value never stops
+training: it gives one :class:`ConfigWarning` naming the argument or the variable, in its
+own unit, and the value used instead. What C code reads (the NCCL plugin's variables) is
+handed to it checked (:func:`nccl_environment`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,11 @@ T = TypeVar("T")
 EXPORTERS = ("auto", "otlp", "file", "none")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 COLLECTIVE_SPANS = ("auto", "all", "summary")
+NCCL_TIMINGS = ("auto", "kernel", "events")
+#: the plugin's settings (read by its C code when NCCL loads it: ``nccl_environment``)
+NCCL_ENV = {"nccl_timing": "OTEL_TRAIN_NCCL_TIMING", "nccl_poll_ms": "OTEL_TRAIN_NCCL_POLL_MS",
+            "nccl_self_time": "OTEL_TRAIN_NCCL_SELF_TIME",
+            "nccl_complete_on_enqueue": "OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE"}
 _SAMPLERS = (
     "always_on",
     "always_off",
@@ -118,6 +126,17 @@ class Config:
     #: where it fails; False: never (the flight recorder). A launcher that names the plugin
     #: itself gets it either way (docs/collectives.md).
     nccl_plugin: bool | str = "auto"
+    #: how otel-train's NCCL plugin times kernels: "kernel" (NCCL's kernel-channel events),
+    #: "events" (CUDA events), "auto" (kernel while every communicator spans several nodes;
+    #: docs/collectives.md). Handed to the plugin by its variable (``nccl_environment``)
+    nccl_timing: str = "auto"
+    #: with events timing: how often the plugin's poller looks for finished kernels, ms
+    nccl_poll_ms: int = 25
+    #: measurement switches of the plugin (docs/overhead.md)
+    nccl_self_time: bool = False
+    nccl_complete_on_enqueue: bool = False
+    #: troubleshooting switch: False leaves ProcessGroup hooks out even where torch has them
+    collective_pg_hooks: bool = True
 
     def sampler(self) -> sampling.Sampler:
         """The OpenTelemetry sampler these settings name."""
@@ -132,6 +151,37 @@ class Config:
             "parentbased_always_on": sampling.ParentBased(sampling.ALWAYS_ON),
             "parentbased_always_off": sampling.ParentBased(sampling.ALWAYS_OFF),
         }[self.sampler_name]
+
+
+_DEFAULTS = Config()
+
+
+def nccl_environment(cfg: Config) -> dict[str, str]:
+    """The plugin's variables as its C code reads them (``otel_train/nccl/profiler.c``,
+    when NCCL loads it): the checked settings, spelled as it expects."""
+    return {NCCL_ENV["nccl_timing"]: cfg.nccl_timing,
+            NCCL_ENV["nccl_poll_ms"]: str(cfg.nccl_poll_ms),
+            NCCL_ENV["nccl_self_time"]: "1" if cfg.nccl_self_time else "0",
+            NCCL_ENV["nccl_complete_on_enqueue"]: "1" if cfg.nccl_complete_on_enqueue else "0"}
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where otel-train keeps what it builds (the NCCL plugin): ``OTEL_TRAIN_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/otel-train``, else ``~/.cache/otel-train``."""
+    env = os.environ if env is None else env
+    return Path(env.get("OTEL_TRAIN_CACHE_DIR") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "otel-train"))
+
+
+def launcher_run_id(env: Mapping[str, str] | None = None) -> str | None:
+    """The raw id a launcher gave this job: torchrun's rendezvous id
+    (``TORCHELASTIC_RUN_ID``) or ``OTEL_TRAIN_LAUNCHER_RUN_ID`` (the k8s/ jobs set it)."""
+    env = os.environ if env is None else env
+    for name in ("TORCHELASTIC_RUN_ID", "OTEL_TRAIN_LAUNCHER_RUN_ID"):
+        value = env.get(name, "").strip()
+        if value and value.lower() != "none":
+            return value
+    return None
 
 
 def _warn(name: str, value: object, why: str, default: object) -> None:
@@ -169,23 +219,9 @@ def _non_negative_int(raw: str) -> int:
     return value
 
 
-def _non_negative_float(raw: str) -> float:
-    value = float(raw)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(raw)
-    return value
-
-
 def _positive_float(raw: str) -> float:
     value = float(raw)
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(raw)
-    return value
-
-
-def _port(raw: str) -> int:
-    value = int(raw)
-    if not 0 < value < 65536:
         raise ValueError(raw)
     return value
 
@@ -212,13 +248,6 @@ def _bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
-def _ratio(raw: str) -> float:
-    value = float(raw)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(raw)
-    return value
-
-
 def _run_id(raw: str) -> str:
     # The run id names a directory and goes into every span: keep it a plain token.
     if len(raw) > 128 or not all(c.isalnum() or c in "-_." for c in raw) or raw in (".", ".."):
@@ -226,72 +255,226 @@ def _run_id(raw: str) -> str:
     return raw
 
 
+# --- one validation for arguments and the environment ----------------------------------
+#
+# Each setting is checked by one rule, whether it comes as an argument (load(**overrides),
+# instrument(**settings)) or from its variable: a bad value gives one ConfigWarning naming
+# the argument or the variable, in its own unit, and the default is used. A rule checks a
+# value in the field's unit; a variable's text is first read as the rule's type and scaled
+# from the variable's unit (OTEL_TRAIN_EMIT_INTERVAL_MS is milliseconds, emit_interval_s
+# seconds).
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rule:
+    """How a value of one field is read from text and checked."""
+
+    read: Callable[[str], Any]  # text -> value (raises ValueError)
+    check: Callable[[Any], Any]  # value -> value (raises ValueError or TypeError)
+    what: str  # what a good value is, with "{unit}" where the unit goes
+
+
+def _number(kind: type, minimum: float, strict: bool) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(value)
+        if kind is int and value != int(value):
+            raise ValueError(value)
+        if not math.isfinite(value) or value < minimum or (strict and value == minimum):
+            raise ValueError(value)
+        return kind(value)
+
+    return check
+
+
+def _is(kind: type) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise TypeError(value)
+        return value
+
+    return check
+
+
+def _one_of(options: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value.lower() not in options:
+            raise ValueError(value)
+        return value.lower()
+
+    return check
+
+
+def _boolean_or_auto(value: Any) -> bool | str:
+    if value == "auto" or isinstance(value, bool):
+        return value
+    raise ValueError(value)
+
+
+def _tcp_port(value: Any) -> int:
+    value = _number(int, 1, False)(value)
+    if value > 65535:
+        raise ValueError(value)
+    return value
+
+
+def _path(value: Any) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or not str(value):
+        raise TypeError(value)
+    return Path(value)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise TypeError(value)
+    return value
+
+
+_POSITIVE_INT = _Rule(int, _number(int, 0, True), "a positive integer{unit}")
+_NON_NEGATIVE_INT = _Rule(int, _number(int, 0, False), "a non-negative integer{unit}")
+_POSITIVE = _Rule(float, _number(float, 0, True), "a positive number{unit}")
+_NON_NEGATIVE = _Rule(float, _number(float, 0, False), "a non-negative number{unit}")
+_BOOL = _Rule(_bool, _is(bool), "true or false")
+_PORT = _Rule(int, _tcp_port, "a TCP port, 1-65535")
+_PATH = _Rule(Path, _path, "a path")
+_TEXT = _Rule(str, _text, "a non-empty string")
+
+
+def _options(options: tuple[str, ...]) -> _Rule:
+    return _Rule(str, _one_of(options), f"one of {', '.join(options)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Setting:
+    field: str
+    rule: _Rule
+    #: the environment variable, if there is one, and how many of its units make one of the
+    #: field's (1000: milliseconds for seconds)
+    variable: str | None = None
+    scale: float = 1.0
+    #: the units of the field's and of the variable's values, for the messages
+    unit: str = ""
+    variable_unit: str = ""
+    #: None is a value the field takes (off, unset, look it up)
+    optional: bool = False
+
+    def what(self, of_variable: bool) -> str:
+        unit = self.variable_unit if of_variable and self.variable_unit else self.unit
+        return self.rule.what.format(unit=f" of {unit}" if unit else "")
+
+    def from_text(self, raw: str) -> Any:
+        value = self.rule.read(raw)
+        if self.scale != 1.0:
+            value = value / self.scale
+        return self.rule.check(value)
+
+    def shown(self, value: Any, of_variable: bool) -> Any:
+        """``value`` as the argument or the variable would spell it (a default in a message)."""
+        if of_variable and self.scale != 1.0 and isinstance(value, (int, float)):
+            scaled = value * self.scale
+            return int(scaled) if scaled == int(scaled) else scaled
+        return value
+
+
+_ms = {"scale": 1000.0, "unit": "seconds", "variable_unit": "milliseconds"}
+_SETTINGS = (
+    _Setting("service_name", _TEXT, "OTEL_SERVICE_NAME"),
+    _Setting("output_dir", _PATH, "OTEL_TRAIN_OUTPUT_DIR"),
+    _Setting("exporter", _options(EXPORTERS), "OTEL_TRAIN_EXPORTER"),
+    # a variable's run id must be a plain token already; an argument's is made one
+    # (identity.sanitize_run_id), as the launcher's is
+    _Setting("run_id", _Rule(_run_id, _text, "letters, digits, '-', '_', '.', at most 128"),
+             "OTEL_TRAIN_RUN_ID", optional=True),
+    _Setting("queue_size", _POSITIVE_INT, "OTEL_TRAIN_QUEUE_SIZE", unit="records"),
+    _Setting("emit_interval_s", _POSITIVE, "OTEL_TRAIN_EMIT_INTERVAL_MS", **_ms),
+    _Setting("gap_sample_s", _NON_NEGATIVE, "OTEL_TRAIN_GAP_SAMPLE_MS", **_ms),
+    _Setting("shutdown_timeout_s", _POSITIVE, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", unit="seconds"),
+    _Setting("prometheus_port", _PORT, "OTEL_TRAIN_PROMETHEUS_PORT", optional=True),
+    _Setting("prometheus_addr", _TEXT, "OTEL_TRAIN_PROMETHEUS_ADDR"),
+    _Setting("console_log_level", _options(LOG_LEVELS), "OTEL_TRAIN_LOG_LEVEL"),
+    _Setting("capture_logs", _BOOL, "OTEL_TRAIN_CAPTURE_LOGS"),
+    _Setting("sampler_name", _options(_SAMPLERS), "OTEL_TRACES_SAMPLER"),
+    _Setting("sampler_arg", _Rule(float, lambda v: _bounded(_number(float, 0, False)(v), 1.0),
+                                  "a ratio between 0 and 1"), "OTEL_TRACES_SAMPLER_ARG"),
+    _Setting("samples_per_step", _POSITIVE_INT, optional=True),
+    _Setting("tokens_per_step", _POSITIVE_INT, optional=True),
+    _Setting("fastpath", _BOOL, "OTEL_TRAIN_FASTPATH"),
+    _Setting("cuda_timing", _BOOL, "OTEL_TRAIN_CUDA_TIMING"),
+    _Setting("memory_peak_per_step", _BOOL, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP"),
+    _Setting("flops_per_step", _POSITIVE, "OTEL_TRAIN_FLOPS_PER_STEP", unit="FLOPs",
+             optional=True),
+    _Setting("peak_tflops", _POSITIVE, "OTEL_TRAIN_PEAK_TFLOPS", unit="TFLOP/s",
+             optional=True),
+    _Setting("profile_every", _NON_NEGATIVE_INT, "OTEL_TRAIN_PROFILE_EVERY",
+             unit="steps, 0 for off"),
+    _Setting("profile_steps", _POSITIVE_INT, "OTEL_TRAIN_PROFILE_STEPS", unit="steps"),
+    _Setting("profile_dir", _PATH, "OTEL_TRAIN_PROFILE_DIR", optional=True),
+    _Setting("stall_timeout_s", _POSITIVE, "OTEL_TRAIN_STALL_TIMEOUT_S", unit="seconds"),
+    _Setting("nccl_harvest_interval_s", _POSITIVE, "OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S",
+             unit="seconds"),
+    _Setting("collective_spans", _options(COLLECTIVE_SPANS), "OTEL_TRAIN_COLLECTIVE_SPANS"),
+    _Setting("collective_span_rate", _POSITIVE, "OTEL_TRAIN_COLLECTIVE_SPAN_RATE",
+             unit="spans a second"),
+    _Setting("collective_pg_hooks", _BOOL, "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"),
+    _Setting("export_process", _BOOL, "OTEL_TRAIN_EXPORT_PROCESS"),
+    _Setting("nccl_plugin", _Rule(_bool_or_auto, _boolean_or_auto, "auto, true or false"),
+             "OTEL_TRAIN_NCCL_PLUGIN"),
+    _Setting("nccl_timing", _options(NCCL_TIMINGS), NCCL_ENV["nccl_timing"]),
+    _Setting("nccl_poll_ms", _Rule(int, lambda v: _bounded_int(v, 1, 1000),
+                                   "an integer of milliseconds, 1-1000"),
+             NCCL_ENV["nccl_poll_ms"]),
+    _Setting("nccl_self_time", _BOOL, NCCL_ENV["nccl_self_time"]),
+    _Setting("nccl_complete_on_enqueue", _BOOL, NCCL_ENV["nccl_complete_on_enqueue"]),
+)
+SETTINGS: dict[str, _Setting] = {s.field: s for s in _SETTINGS}
+
+
+def _bounded(value: Any, high: float) -> Any:
+    if value > high:
+        raise ValueError(value)
+    return value
+
+
+def _bounded_int(value: Any, low: int, high: int) -> int:
+    return _bounded(_number(int, low, False)(value), high)
+
+
 def from_env(env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The settings the environment gives, as keyword arguments of :class:`Config`."""
+    """The settings the environment gives, as keyword arguments of :class:`Config` (only
+    those whose variable is set and valid; a bad one is warned about and left out)."""
     env = os.environ if env is None else env
-    d = Config()
-    found: dict[str, Any] = {
-        "output_dir": Path(env.get("OTEL_TRAIN_OUTPUT_DIR") or d.output_dir),
-        "exporter": _parse(env, "OTEL_TRAIN_EXPORTER", _choice(EXPORTERS), d.exporter,
-                           f"one of {', '.join(EXPORTERS)}"),
-        "run_id": _parse(env, "OTEL_TRAIN_RUN_ID", _run_id, None,
-                         "letters, digits, '-', '_', '.', at most 128"),
-        "queue_size": _parse(env, "OTEL_TRAIN_QUEUE_SIZE", _positive_int, d.queue_size,
-                             "a positive integer"),
-        "emit_interval_s": _parse(env, "OTEL_TRAIN_EMIT_INTERVAL_MS",
-                                  lambda r: _positive_float(r) / 1000, d.emit_interval_s,
-                                  "a positive number of milliseconds"),
-        "gap_sample_s": _parse(env, "OTEL_TRAIN_GAP_SAMPLE_MS",
-                               lambda r: _non_negative_float(r) / 1000, d.gap_sample_s,
-                               "a number of milliseconds, 0 for off"),
-        "shutdown_timeout_s": _parse(env, "OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", _positive_float,
-                                     d.shutdown_timeout_s, "a positive number of seconds"),
-        "prometheus_port": _parse(env, "OTEL_TRAIN_PROMETHEUS_PORT", _port, None,
-                                  "a TCP port, 1-65535"),
-        "prometheus_addr": env.get("OTEL_TRAIN_PROMETHEUS_ADDR") or d.prometheus_addr,
-        "console_log_level": _parse(env, "OTEL_TRAIN_LOG_LEVEL", _choice(LOG_LEVELS),
-                                    d.console_log_level, f"one of {', '.join(LOG_LEVELS)}"),
-        "capture_logs": _parse(env, "OTEL_TRAIN_CAPTURE_LOGS", _bool, d.capture_logs,
-                               "true or false"),
-        "stall_timeout_s": _parse(env, "OTEL_TRAIN_STALL_TIMEOUT_S", _positive_float,
-                                  d.stall_timeout_s, "a positive number of seconds"),
-        "nccl_harvest_interval_s": _parse(env, "OTEL_TRAIN_NCCL_HARVEST_INTERVAL_S",
-                                          _positive_float, d.nccl_harvest_interval_s,
-                                          "a positive number of seconds"),
-        "collective_spans": _parse(env, "OTEL_TRAIN_COLLECTIVE_SPANS",
-                                   _choice(COLLECTIVE_SPANS), d.collective_spans,
-                                   f"one of {', '.join(COLLECTIVE_SPANS)}"),
-        "collective_span_rate": _parse(env, "OTEL_TRAIN_COLLECTIVE_SPAN_RATE",
-                                       _positive_float, d.collective_span_rate,
-                                       "a positive number of spans a second"),
-        "export_process": _parse(env, "OTEL_TRAIN_EXPORT_PROCESS", _bool, d.export_process,
-                                 "true or false"),
-        "nccl_plugin": _parse(env, "OTEL_TRAIN_NCCL_PLUGIN", _bool_or_auto, d.nccl_plugin,
-                              "auto, true or false"),
-        "fastpath": _parse(env, "OTEL_TRAIN_FASTPATH", _bool, d.fastpath, "true or false"),
-        "cuda_timing": _parse(env, "OTEL_TRAIN_CUDA_TIMING", _bool, d.cuda_timing,
-                              "true or false"),
-        "memory_peak_per_step": _parse(env, "OTEL_TRAIN_MEMORY_PEAK_PER_STEP", _bool,
-                                       d.memory_peak_per_step, "true or false"),
-        "flops_per_step": _parse(env, "OTEL_TRAIN_FLOPS_PER_STEP", _positive_float, None,
-                                 "a positive number of FLOPs"),
-        "peak_tflops": _parse(env, "OTEL_TRAIN_PEAK_TFLOPS", _positive_float, None,
-                              "a positive number of TFLOP/s"),
-        "profile_every": _parse(env, "OTEL_TRAIN_PROFILE_EVERY", _non_negative_int,
-                                d.profile_every, "a number of steps, 0 for off"),
-        "profile_steps": _parse(env, "OTEL_TRAIN_PROFILE_STEPS", _positive_int,
-                                d.profile_steps, "a positive number of steps"),
-        "sampler_name": _parse(env, "OTEL_TRACES_SAMPLER", _choice(_SAMPLERS), d.sampler_name,
-                               f"one of {', '.join(_SAMPLERS)}"),
-    }
-    if env.get("OTEL_TRAIN_PROFILE_DIR"):
-        found["profile_dir"] = Path(env["OTEL_TRAIN_PROFILE_DIR"])
-    if env.get("OTEL_SERVICE_NAME"):
-        found["service_name"] = env["OTEL_SERVICE_NAME"]
-    if found["sampler_name"].endswith("traceidratio"):
-        found["sampler_arg"] = _parse(env, "OTEL_TRACES_SAMPLER_ARG", _ratio, 1.0,
-                                      "a ratio between 0 and 1")
+    found: dict[str, Any] = {}
+    for setting in _SETTINGS:
+        if setting.variable is None:
+            continue
+        raw = env.get(setting.variable)
+        if raw is None or raw.strip() == "":
+            continue
+        if setting.field == "sampler_arg" and not found.get(
+                "sampler_name", _DEFAULTS.sampler_name).endswith("traceidratio"):
+            continue  # the argument of a sampler that takes none
+        try:
+            found[setting.field] = setting.from_text(raw.strip())
+        except (ValueError, TypeError, ArithmeticError):
+            _warn(setting.variable, raw, setting.what(True),
+                  setting.shown(getattr(_DEFAULTS, setting.field), True))
     return found
+
+
+def _checked_arguments(overrides: Mapping[str, Any], fallback: Mapping[str, Any]
+                       ) -> dict[str, Any]:
+    """The arguments that pass their setting's rule; each that does not is warned about by
+    name, in the field's unit, and left out: ``fallback``'s value (the environment's) or the
+    default is used."""
+    good: dict[str, Any] = {}
+    for name, value in overrides.items():
+        setting = SETTINGS[name]
+        try:
+            good[name] = setting.rule.check(value)
+        except (ValueError, TypeError, ArithmeticError):
+            _warn(f"argument {name}", value, setting.what(False),
+                  fallback.get(name, getattr(_DEFAULTS, name)))
+    return good
 
 
 # --- the OpenTelemetry SDK's own variables ------------------------------------------------
@@ -435,23 +618,15 @@ def otlp_settings(signals: Sequence[str], env: Mapping[str, str] | None = None
 
 
 def load(env: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-    """Settings from the environment with ``overrides`` (arguments; ``None`` = unset) on top."""
-    values = from_env(env)
+    """Settings from the environment with ``overrides`` (arguments; ``None`` = unset) on top,
+    each checked by the same rule (``SETTINGS``): a bad value is warned about by name and
+    replaced by the environment's value or the default."""
     unknown = set(overrides) - {f.name for f in dataclasses.fields(Config)}
     if unknown:
         raise TypeError(f"unknown otel-train setting(s): {', '.join(sorted(unknown))}")
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    if values.get("collective_spans", "auto") not in COLLECTIVE_SPANS:
-        raise ValueError(f"collective_spans must be one of {', '.join(COLLECTIVE_SPANS)}, "
-                         f"not {values['collective_spans']!r}")
-    rate = values.get("collective_span_rate", 1.0)
-    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
-        raise ValueError(f"collective_span_rate must be a positive number of spans a second, "
-                         f"not {rate!r}")
-    if "output_dir" in values:
-        values["output_dir"] = Path(values["output_dir"])
-    if values.get("profile_dir") is not None:
-        values["profile_dir"] = Path(values["profile_dir"])
+    values = from_env(env)
+    values.update(_checked_arguments({k: v for k, v in overrides.items() if v is not None},
+                                     values))
     return Config(**values)
 
 

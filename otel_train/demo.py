@@ -36,7 +36,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from otel_train import semconv  # noqa: E402
+from otel_train import config, semconv  # noqa: E402
 
 VOCAB = 256
 
@@ -225,8 +225,10 @@ def run(args: argparse.Namespace) -> int:
         print("otel-train demo: --ranks and --steps must be at least 1", file=sys.stderr)
         return 2
     args.compile = not args.no_compile
-    args.output_dir = str(Path(args.output_dir or os.environ.get(
-        "OTEL_TRAIN_OUTPUT_DIR", semconv.OUTPUT_DIR_DEFAULT)).resolve())
+    with warnings.catch_warnings():  # each rank warns of a bad setting itself
+        warnings.simplefilter("ignore", config.ConfigWarning)
+        default_dir = config.load().output_dir
+    args.output_dir = str(Path(args.output_dir or default_dir).resolve())
     # A person at a terminal reads progress and the summary; scripts and tests that capture
     # the output also get every rank's JSON log lines and a final JSON result line.
     if args.log_lines is None:

@@ -21,7 +21,7 @@ from typing import Any
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from otel_train import semconv
+from otel_train import config, semconv
 from otel_train.config import ConfigWarning
 
 _BAD_RUN_ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]")
@@ -75,11 +75,8 @@ def sanitize_run_id(raw: str) -> str:
 
 def launcher_run_id(env: Mapping[str, str]) -> str | None:
     """The id a launcher gave this job: torchrun's rendezvous id, a Kubernetes job's name."""
-    for name in ("TORCHELASTIC_RUN_ID", "OTEL_TRAIN_LAUNCHER_RUN_ID"):
-        value = env.get(name, "").strip()
-        if value and value.lower() != "none":
-            return sanitize_run_id(value)
-    return None
+    value = config.launcher_run_id(env)
+    return None if value is None else sanitize_run_id(value)
 
 
 def agree_run_id(explicit: str | None, env: Mapping[str, str] | None = None) -> str:

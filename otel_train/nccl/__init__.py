@@ -24,6 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from otel_train import config
+
 ENV_NCCL = "NCCL_PROFILER_PLUGIN"
 SOURCE = Path(__file__).with_name("profiler.c")
 #: struct otp_record (profiler.c): comm, seq, bytes, t_issue, t_done, gpu_start, gpu_stop,
@@ -42,9 +44,7 @@ class PluginUnavailable(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("OTEL_TRAIN_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "otel-train")
-    return Path(root) / "nccl"
+    return config.cache_dir() / "nccl"
 
 
 def plugin_path(build: bool = True) -> Path:

@@ -313,6 +313,10 @@ static int g_self_time = 0;
 static int g_harvest_on_enqueue = 0;
 static _Atomic uint64_t g_cb_ns, g_cb_n, g_harvest_enqueue_ns;
 
+/* instrument() sets these variables to its checked settings (config.nccl_environment in
+ * Python: one validation, warned about by name) before NCCL loads the plugin; where a
+ * launcher names the plugin itself they are read as it set them, and a value not understood
+ * here falls back to the default. */
 static void read_mode(void) {
   const char* m = getenv("OTEL_TRAIN_NCCL_TIMING");
   g_timing = m == NULL ? OTP_TIMING_AUTO

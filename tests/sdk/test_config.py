@@ -56,6 +56,8 @@ def test_arguments_override_the_environment():
     ("OTEL_TRAIN_COLLECTIVE_SPAN_RATE", "0", "collective_span_rate", 2000.0),
     ("OTEL_TRAIN_COLLECTIVE_SPAN_RATE", "many", "collective_span_rate", 2000.0),
     ("OTEL_TRAIN_NCCL_PLUGIN", "sometimes", "nccl_plugin", "auto"),
+    ("OTEL_TRAIN_NCCL_TIMING", "fast", "nccl_timing", "auto"),
+    ("OTEL_TRAIN_COLLECTIVE_PG_HOOKS", "perhaps", "collective_pg_hooks", True),
 ])
 def test_a_bad_value_gives_one_warning_and_the_default(name, value, field, default):
     with pytest.warns(ConfigWarning) as caught:
@@ -84,12 +86,81 @@ def test_an_unknown_argument_is_a_programming_error():
 def test_collective_span_mode_from_environment_and_argument():
     assert config.load({"OTEL_TRAIN_COLLECTIVE_SPANS": "Summary"}).collective_spans == "summary"
     assert config.load({}, collective_spans="summary").collective_spans == "summary"
-    with pytest.raises(ValueError, match="collective_spans must be one of auto, all, summary"):
-        config.load({}, collective_spans="few")
+    with pytest.warns(ConfigWarning, match=r"argument collective_spans='few' is invalid "
+                      r"\(one of auto, all, summary\); using 'auto'"):
+        assert config.load({}, collective_spans="few").collective_spans == "auto"
     assert config.load({}).collective_spans == "auto"
     assert config.load({"OTEL_TRAIN_COLLECTIVE_SPAN_RATE": "500"}).collective_span_rate == 500.0
-    with pytest.raises(ValueError, match="collective_span_rate must be a positive number"):
-        config.load({}, collective_span_rate=0)
+    with pytest.warns(ConfigWarning, match="argument collective_span_rate=0 is invalid"):
+        assert config.load({}, collective_span_rate=0).collective_span_rate == 2000.0
+
+
+@pytest.mark.parametrize("name,value,why,used", [
+    ("emit_interval_s", -5, "a positive number of seconds", 1.0),
+    ("queue_size", 0, "a positive integer of records", 65536),
+    ("queue_size", 2.5, "a positive integer of records", 65536),
+    ("prometheus_port", 99999, "a TCP port, 1-65535", None),
+    ("exporter", "bogus", "one of auto, otlp, file, none", "auto"),
+    ("capture_logs", "yes", "true or false", True),
+    ("gap_sample_s", float("inf"), "a non-negative number of seconds", 0.2),
+    ("nccl_timing", "fast", "one of auto, kernel, events", "auto"),
+    ("nccl_poll_ms", 0, "an integer of milliseconds, 1-1000", 25),
+    ("output_dir", 3, "a path", Path("otel-train-runs")),
+])
+def test_a_bad_argument_is_checked_as_its_variable_is(name, value, why, used):
+    """Issue 34, item 2: ``load(emit_interval_s=-5, queue_size=0, prometheus_port=99999,
+    exporter="bogus")`` was accepted silently; each is now one warning naming the argument,
+    in the field's unit, and the default."""
+    with pytest.warns(ConfigWarning) as caught:
+        cfg = config.load({}, **{name: value})
+    assert [str(w.message) for w in caught] == [
+        f"otel-train: argument {name}={value!r} is invalid ({why}); using {used!r}"]
+    assert getattr(cfg, name) == used
+
+
+def test_a_bad_argument_falls_back_to_the_environment_s_value():
+    with pytest.warns(ConfigWarning, match="argument queue_size=-1 .* using 512"):
+        assert config.load({"OTEL_TRAIN_QUEUE_SIZE": "512"}, queue_size=-1).queue_size == 512
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "abc", "a positive number of milliseconds); using 1000"),
+    ("OTEL_TRAIN_GAP_SAMPLE_MS", "-1", "a non-negative number of milliseconds); using 200"),
+    ("OTEL_TRAIN_STALL_TIMEOUT_S", "soon", "a positive number of seconds); using 60.0"),
+    ("OTEL_TRAIN_NCCL_POLL_MS", "5000", "an integer of milliseconds, 1-1000); using 25"),
+])
+def test_a_variable_s_message_is_in_the_variable_s_own_unit(name, value, message):
+    with pytest.warns(ConfigWarning) as caught:
+        config.load({name: value})
+    assert [str(w.message) for w in caught] == [
+        f"otel-train: {name}={value!r} is invalid ({message}"]
+
+
+def test_every_setting_of_a_variable_is_a_config_field_and_every_field_is_checked():
+    fields = {f.name for f in config.dataclasses.fields(config.Config)}
+    assert set(config.SETTINGS) == fields
+    assert all(s.variable.startswith("OTEL_") for s in config.SETTINGS.values() if s.variable)
+
+
+def test_every_otel_train_variable_is_read_in_config_only():
+    """No module but config.py reads an OTEL_TRAIN_* variable (C reads what Python hands it:
+    the plugin's variables are the checked settings, ``config.nccl_environment``)."""
+    import re
+
+    from support import REPO_ROOT
+
+    reads = re.compile(r"(?:environ(?:\.get)?|getenv)\(?\[?\s*[\"']OTEL_TRAIN_")
+    found = [str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "otel_train").rglob("*.py")
+             if p.name != "config.py" and reads.search(p.read_text(encoding="utf-8"))]
+    assert found == []
+
+
+def test_the_plugin_s_variables_are_the_checked_settings():
+    cfg = config.load({"OTEL_TRAIN_NCCL_TIMING": "Kernel", "OTEL_TRAIN_NCCL_POLL_MS": "10"},
+                      nccl_self_time=True)
+    assert config.nccl_environment(cfg) == {
+        "OTEL_TRAIN_NCCL_TIMING": "kernel", "OTEL_TRAIN_NCCL_POLL_MS": "10",
+        "OTEL_TRAIN_NCCL_SELF_TIME": "1", "OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE": "0"}
 
 
 def test_the_nccl_plugin_is_auto_by_default_and_can_be_forced_or_refused():
@@ -125,3 +196,11 @@ def test_a_model_s_attribute_limit_falls_back_to_the_global_one():
                                            "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT": "64"})
     assert spans["max_span_attributes"] == 64 and spans["max_event_attributes"] == 16
     assert logs["max_log_record_attributes"] == 16 and logs["max_attribute_length"] is None
+
+
+def test_the_readme_s_table_names_every_variable():
+    from support import REPO_ROOT
+
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert [s.variable for s in config.SETTINGS.values()
+            if s.variable and f"`{s.variable}`" not in readme] == []

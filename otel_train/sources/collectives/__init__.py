@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from otel_train import collectives_math as cmath
+from otel_train import config as config_mod
 from otel_train import internal_errors, nccl, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows
@@ -47,8 +48,6 @@ from otel_train.sources.collectives.flight_recorder import (
 from otel_train.sources.collectives.stall import StallWatch
 
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
-#: troubleshooting switch: "0" leaves ProcessGroup hooks out even where torch has them
-ENV_PG_HOOKS = "OTEL_TRAIN_COLLECTIVE_PG_HOOKS"
 #: how often Works without a future (gloo's asynchronous reduce_scatter) are polled for
 #: their completion while one is in flight: the resolution of their durations
 _WORK_POLL_S = 0.05
@@ -103,7 +102,7 @@ class CollectiveSource:
                           f"{torch.__version__}); not observed", ConfigWarning, stacklevel=4)
             return
         if ctx.config.nccl_plugin:
-            _name_the_plugin(ctx.log, auto=ctx.config.nccl_plugin == "auto")
+            _name_the_plugin(ctx.log, ctx.config)
         ledger = self.ledger = Ledger(ctx)
         cap = self.capture = Capture(ctx.recorder.put, ctx.tracker)
         if ledger.plugin is not None:
@@ -115,7 +114,7 @@ class CollectiveSource:
         wrapped = cap.wrap_functions()
         if wrapped:
             self.mechanisms.append("torch.distributed")
-        use_hooks = capture_mod.pg_hooks_available() and os.environ.get(ENV_PG_HOOKS) != "0"
+        use_hooks = capture_mod.pg_hooks_available() and ctx.config.collective_pg_hooks
         if use_hooks and cap.hook_groups():
             self.mechanisms.append("process_group_hooks")
         elif ctx.model is not None and cap.hook_ddp(ctx.model, ctx.log):
@@ -185,14 +184,19 @@ def auto_declines(version: tuple[int, ...] | None, bound: bool, ran: bool | None
     return None
 
 
-def _name_the_plugin(log: Any, auto: bool = False) -> None:
+def _name_the_plugin(log: Any, cfg: config_mod.Config) -> None:
     """Name otel-train's NCCL plugin in ``NCCL_PROFILER_PLUGIN`` while NCCL can still load it
-    (no NCCL communicator yet); built with the system's C compiler on first use. ``auto``:
-    only where it surely loads (:func:`auto_declines`), and quietly otherwise: the flight
-    recorder is the source then, as it always was."""
+    (no NCCL communicator yet); built with the system's C compiler on first use. With
+    ``nccl_plugin="auto"``: only where it surely loads (:func:`auto_declines`), and quietly
+    otherwise: the flight recorder is the source then, as it always was. Where the plugin is
+    ours, its variables are set to the checked settings (``config.nccl_environment``)."""
     from otel_train.sources.collectives.flight_recorder import nccl_groups
 
-    if not nccl_groups() or nccl.ours(os.environ.get(nccl.ENV_NCCL)):
+    auto = cfg.nccl_plugin == "auto"
+    if not nccl_groups():
+        return
+    if nccl.ours(os.environ.get(nccl.ENV_NCCL)):  # the launcher named it
+        os.environ.update(config_mod.nccl_environment(cfg))
         return
     hint = f"set {nccl.ENV_NCCL}=$(otel-train nccl-plugin) in the launcher"
     if os.environ.get(nccl.ENV_NCCL):
@@ -218,6 +222,8 @@ def _name_the_plugin(log: Any, auto: bool = False) -> None:
         (log.info if auto else log.warning)("otel_train.nccl_plugin", used=False,
                                             reason=str(err), source="nccl_flight_recorder")
         return
+    # what the plugin's C code reads when NCCL loads it: the checked settings
+    os.environ.update(config_mod.nccl_environment(cfg))
     log.info("otel_train.nccl_plugin", used=True, named=named, auto=auto)
 
 
