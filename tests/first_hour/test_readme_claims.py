@@ -599,8 +599,8 @@ def test_an_applications_structlog_configuration_is_extended_then_restored_exact
     lines = [json.loads(line) for line in rendered.getvalue().splitlines()]
     during = [ln for ln in lines if ln["event"] == "structlog after step"]
     assert len(during) == 3
-    assert all(ln["app"] == "mine" and len(ln[semconv.LOG_TRACE_ID]) == 32
-               and ln[semconv.LOG_RUN_ID] == inst.run_id for ln in during)
+    assert all(ln["app"] == "mine" and len(ln[semconv.CONSOLE_TRACE_ID]) == 32
+               and ln[semconv.CONSOLE_RUN_ID] == inst.run_id for ln in during)
     (last,) = [ln for ln in lines if ln["event"] == "after the run"]
     assert last == {"event": "after the run", "level": "warning", "app": "mine"}
     # and the bridge handed them to OpenTelemetry logs, enriched by the application first

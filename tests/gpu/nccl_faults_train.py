@@ -51,6 +51,14 @@ COST_OUT = os.environ.get("COST_OUT")
 #: all-reduces each step, and BARE=1 runs the loop without otel-train
 EXTRA_COLLECTIVES = int(os.environ.get("EXTRA_COLLECTIVES", "0"))
 BARE = os.environ.get("BARE") == "1"
+#: the cost benchmark's blocks (bench/multigpu/route_cost.py): after WARMUP steps, blocks of
+#: COST_BLOCK steps alternate between no extra all-reduce and EXTRA_COLLECTIVES a step, in
+#: pairs, until COST_DURATION_S seconds are measured; each block's per-thread CPU is written
+COST_BLOCK = int(os.environ.get("COST_BLOCK", "0"))
+COST_DURATION_S = float(os.environ.get("COST_DURATION_S", "30"))
+WARMUP = 3
+if COST_BLOCK:
+    STEPS = 1_000_000  # the blocks end the loop
 
 
 def heavy(seconds: float) -> float:
@@ -119,7 +127,25 @@ def threads_cpu_s() -> dict[str, float]:
     return out
 
 
+def block_on_syncs() -> None:
+    """COST_BLOCKING_SYNC=1: the host sleeps in a synchronisation instead of spinning
+    (the primary context's CU_CTX_SCHED_BLOCKING_SYNC, set before torch makes it). On the
+    socket transport a collective lasts milliseconds, and a spinning host would count them
+    as CPU: the run-to-run spread of that wait would bury a microsecond of work."""
+    if os.environ.get("COST_BLOCKING_SYNC") != "1":
+        return
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    ok = (cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+          and cuda.cuDevicePrimaryCtxSetFlags(dev, 0x04) == 0)  # CU_CTX_SCHED_BLOCKING_SYNC
+    if not ok:
+        raise RuntimeError("could not set CU_CTX_SCHED_BLOCKING_SYNC")
+
+
 def main() -> None:
+    block_on_syncs()
     dist.init_process_group("nccl")
     rank = dist.get_rank()
     torch.cuda.set_device(0)
@@ -130,7 +156,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = DataLoader(Samples(rank), batch_size=BATCH, num_workers=2, prefetch_factor=2)
     marks: list[tuple[float, float, int, float, dict[str, float]]] = []
+    blocks: list[dict] = []
     small = torch.ones(256, device=device)
+    extra = EXTRA_COLLECTIVES if not COST_BLOCK else 0
     with (contextlib.nullcontext() if BARE
           else otel_train.instrument(model, optimizer=opt, dataloader=loader)):
         for step, (x, y) in enumerate(loader):
@@ -144,13 +172,32 @@ def main() -> None:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            for _ in range(EXTRA_COLLECTIVES):
+            for _ in range(extra):
                 dist.all_reduce(small)
-            if COST_OUT and step in (2, STEPS - 1):
+            if COST_BLOCK and step >= WARMUP - 1 and (step - WARMUP + 1) % COST_BLOCK == 0:
+                torch.cuda.synchronize()  # the blocks' edges, not the training's
+                marks.append((time.perf_counter(), otel_threads_cpu_s(), step,
+                              time.process_time(), threads_cpu_s()))
+                if len(marks) > 1:
+                    blocks.append(_block(marks[-2], marks[-1], extra))
+                extra = EXTRA_COLLECTIVES if extra == 0 else 0
+                measured = sum(b["wall_s"] for b in blocks)
+                done = torch.tensor([float(measured >= COST_DURATION_S
+                                           and len(blocks) % 2 == 0)], device=device)
+                dist.all_reduce(done, op=dist.ReduceOp.MIN)  # every rank stops together
+                if done.item():
+                    break
+                continue
+            if COST_OUT and not COST_BLOCK and step in (2, STEPS - 1):
                 torch.cuda.synchronize()  # the measurement's edges, not the training's
                 marks.append((time.perf_counter(), otel_threads_cpu_s(), step,
                               time.process_time(), threads_cpu_s()))
-    if COST_OUT:
+    if COST_OUT and COST_BLOCK:
+        Path(COST_OUT).mkdir(parents=True, exist_ok=True)
+        Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
+            "rank": rank, "world": dist.get_world_size(), "blocks": blocks,
+            "extra_collectives": EXTRA_COLLECTIVES, "block_steps": COST_BLOCK}))
+    elif COST_OUT:
         (t0, c0, s0, p0, th0), (t1, c1, s1, p1, th1) = marks
         Path(COST_OUT).mkdir(parents=True, exist_ok=True)
         Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
@@ -161,6 +208,13 @@ def main() -> None:
             "process_cpu_s": p1 - p0, "extra_collectives": EXTRA_COLLECTIVES,
             "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()}}))
     dist.destroy_process_group()
+
+
+def _block(start: tuple, end: tuple, extra: int) -> dict:
+    (t0, c0, s0, p0, th0), (t1, c1, s1, p1, th1) = start, end
+    return {"steps": s1 - s0, "extra": extra, "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0,
+            "process_cpu_s": p1 - p0,
+            "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()}}
 
 
 if __name__ == "__main__":
