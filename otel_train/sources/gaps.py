@@ -16,7 +16,7 @@ their typical length. There it reads a few attributes of the step tracker, and o
 the training thread has been outside every phase (or in one data wait) for ``SAMPLE_AGE_S``
 does it read the thread's stack (``sys._current_frames``), keeping the innermost frames of
 user code: no library frame, none of otel-train's hooks. While the stretch, or the step's
-overrun, lasts it looks again after SAMPLE_AGE_S, then twice that, and so on; for
+overrun, lasts it looks again after SAMPLE_AGE_S, then three times that, and so on; for
 ``RECENT_S`` after such a find (slow stretches come back), and until the typical length is
 known, it lands four times as often. Nothing runs on the training thread beyond one
 attribute store per phase end. The samples are matched to the stretches when the step is emitted, on the
@@ -49,16 +49,18 @@ STACK_DEPTH = 6
 #: samples waiting for their step's emission at most (the oldest go first)
 MAX_SAMPLES = 4096
 #: a stretch (outside every phase, or a data wait) is sampled once it is this old; while it
-#: lasts (or its step's overrun), the sampler looks again after this, then twice as long...
+#: lasts (or its step's overrun), the sampler looks again after this, then BACKOFF times
+#: as long, and so on...
 SAMPLE_AGE_S = 0.05
+BACKOFF = 3
 #: ... up to this (a training loop paused outside every phase costs ~no wake-ups)
 CHASE_MAX_S = 30.0
 #: a step has run past its typical length at this multiple of the recent steps' median
 OVERRUN = 1.5
 #: the steps whose median is the typical length (at least MIN_STEPS of them)
 RECENT_STEPS, MIN_STEPS = 32, 3
-#: until the typical length is known, and for RECENT_S after a look that sampled or found an
-#: overrun (slow stretches come back), the sampler lands FAST_FACTOR times as often
+#: until the typical length is known, and for RECENT_S after a look that sampled a stretch
+#: (slow stretches come back), the sampler lands FAST_FACTOR times as often
 FAST_FACTOR = 4
 RECENT_S = 10.0
 DATA_WAIT = semconv.PHASE_DATA_WAIT
@@ -152,7 +154,7 @@ class GapSource:
         #: the recent steps' lengths (ns), appended on the emitter thread
         self._lengths: collections.deque[int] = collections.deque(maxlen=RECENT_STEPS)
         self._chase = 0  # looks in a row that found a stretch or an overrun
-        self._found_at = 0  # perf ns of the last of them
+        self._found_at = -(1 << 62)  # perf ns of the last look that sampled a stretch
         self.wakeups = 0
         ctx.emitter.before_step(self._on_step)
         if self.interval_s > 0:
@@ -190,6 +192,7 @@ class GapSource:
         True if it did, or if its step has run past ``OVERRUN`` times its typical length
         (a stretch may follow)."""
         if self._sample_once(int(SAMPLE_AGE_S * 1e9), now):
+            self._found_at = now
             return True
         tracker, typical = self.tracker, self.typical_ns()
         start = tracker.step_start_ns
@@ -197,15 +200,14 @@ class GapSource:
                     and now - start > OVERRUN * typical)
 
     def _next_look(self, found: bool) -> float:
-        """Seconds to the next look: SAMPLE_AGE_S doubling while looks find something;
-        else the first point ``OVERRUN`` typical lengths into a step (the steps are assumed
-        to follow the current one at their typical length) ``gap_sample_s`` from now or
-        later: a step that runs longer than that past its typical length is always found."""
+        """Seconds to the next look: SAMPLE_AGE_S, growing BACKOFF-fold, while looks find
+        something; else the first point ``OVERRUN`` typical lengths into a step (the steps
+        are assumed to follow the current one at their typical length) ``gap_sample_s`` from
+        now or later: a step that overruns by longer than that is always found."""
         now = _now()
         if found:
-            self._found_at = now
             self._chase += 1
-            return min(SAMPLE_AGE_S * 2 ** (self._chase - 1), CHASE_MAX_S)
+            return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S)
         self._chase = 0
         typical, start = self.typical_ns(), self.tracker.step_start_ns
         floor = self.interval_s
