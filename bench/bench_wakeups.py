@@ -173,7 +173,8 @@ def summarise(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         for phase in PHASES:
             for name in THREADS:
                 for key in ("wakeups_per_s", "switches_per_s", "cpu_ms_per_s"):
-                    values = [r[phase][name][key] for r in rounds if name in r[phase]]
+                    values = [r[phase][name][key] for r in rounds
+                              if key in r[phase].get(name, {})]
                     if values:
                         table.setdefault(arm, {}).setdefault(phase, {}).setdefault(
                             name, {})[key] = _figure(values)
@@ -257,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in (arms if r % 2 == 0 else arms[::-1]):
             print(f"round {r} arm {name}", file=sys.stderr, flush=True)
             results[name].append(run_child(path, args))
+    if args.json:  # the raw rounds first: a failure below keeps them
+        args.json.write_text(json.dumps({"environment": env, "rounds": results}, indent=1))
     table = summarise(results)
     missed = []
     if "after" in table:
