@@ -354,8 +354,7 @@ class Emitter:
     def _run(self) -> None:
         interval = self.cfg.emit_interval_s
         fill = max(1, self.recorder.capacity // FILL_DIVISOR)
-        self.recorder.arm(fill)
-        wait = interval
+        wait = self._next_wait(0, interval, fill)  # the first record wakes it
         while True:
             self._wake.wait(wait)
             if self._stop.is_set():

@@ -61,8 +61,8 @@ def test_shutdown_drains_everything_a_sleeping_emitter_holds(tmp_path):
                                emit_interval_s=600.0) as inst:
         for _ in range(50):
             _step(model, opt, x)
-        assert len(inst.recorder) >= 50 * 4  # all of it still waits: nothing woke the emitter
-        assert inst.emitter.wakeups == 0
+        # the first record woke it; the rest waits for a drain 600 s away
+        assert inst.emitter.wakeups <= 1 and len(inst.recorder) >= 49 * 4
     assert sorted(int(s["attrs"][semconv.ATTR_STEP]) for s in _rank_steps(
         tmp_path / "asleep")) == list(range(50))
 

@@ -235,7 +235,6 @@ class Ledger:
         self.finished: list[Collective] = []
         self._for_spans: dict[int, list[Collective]] = {}
         self.stall = StallWatch(ctx.config.stall_timeout_s, ctx.log, self.run_id)
-        self._issued = False  # a collective's issue drained since the last tick
         recorder = FlightRecorder(ctx.identity.world_size)
         self.flight_recorder = recorder if recorder.available() else None
         # NCCL's collectives from otel-train's profiler plugin, when NCCL_PROFILER_PLUGIN
@@ -326,7 +325,6 @@ class Ledger:
             # (ISSUE, key, op, api, backend, group, group_size, nbytes, dtype, shape,
             #  async_op, t0, step, seq, source): Collective's first fields, in order
             self.pending[payload[1]] = Collective(*payload[1:])
-            self._issued = True
         elif kind == DONE:
             coll = self.pending.pop(payload[1], None)
             if coll is not None:
@@ -377,11 +375,9 @@ class Ledger:
         _, deadline = self.stall.check(list(self.pending.values()), now)
         if deadline is not None:  # a training thread blocked in it records nothing else
             self.emitter.wake_within((deadline - now) / 1e9)
-        if self._issued:
-            # the next issue is drained (its deadline known) before it can stall: binds
-            # only where the stall timeout is shorter than the drain interval
-            self._issued = False
-            self.emitter.wake_within(self.stall.timeout_ns / 1e9)
+        # the next issue is drained (its deadline known) before it can stall: binds only
+        # where the stall timeout is shorter than the drain interval (or the keep-alive)
+        self.emitter.wake_within(self.stall.timeout_ns / 1e9)
 
     def _harvest(self) -> None:
         assert self.flight_recorder is not None
