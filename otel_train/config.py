@@ -58,19 +58,23 @@ class Config:
     run_id: str | None = None
     #: the hot-path buffer's capacity in records; beyond it records are dropped and counted
     queue_size: int = 65536
-    #: how often the background emitter wakes to drain the buffer (sources that poll
-    #: something finer, the flight recorder's reads, ask for an earlier wake-up). Each
-    #: wake-up has a fixed cost (~300 us of cold caches on a busy 2-CPU host,
-    #: bench/results/overhead-cpu-interval.md): once a second cost ~90 us a rank-step less
-    #: than five times a second there (bench/results/overhead-cpu.md, arm i200), and
-    #: telemetry leaves at most a second later
+    #: the longest a record waits in the buffer while records come: the emitter drains
+    #: this long after its last drain that found records, sooner when the buffer is half
+    #: full or a source's deadline comes (a stall's, the flight recorder's reads), and
+    #: sleeps while nothing is recorded. Each wake-up has a fixed cost (~300 us of cold
+    #: caches on a busy 2-CPU host, bench/results/overhead-cpu-interval.md): once a second
+    #: cost ~90 us a rank-step less than five times a second there
+    #: (bench/results/overhead-cpu.md, arm i200), and telemetry leaves at most a second later
     emit_interval_s: float = 1.0
-    #: how often the gap sampler wakes to see whether the training thread is outside every
-    #: phase (or in a data wait): where untimed time went (sources/gaps.py). Once it has
-    #: been there a quarter of this, its stack is sampled four times as often until it
-    #: leaves. Each wake-up has a fixed cost (~0.1 ms on a busy 2-CPU VM): five a second
-    #: is the budget. 0 turns sampling off; the gaps are still named
-    gap_sample_s: float = 0.2
+    #: the longest the gap sampler sleeps while steps keep their typical length (a quarter
+    #: of it until that length is known and for a while after a slow stretch): it lands
+    #: where a step would have run past its typical length, and samples the training
+    #: thread's stack while it is outside every phase (or in a data wait) there: where
+    #: untimed time went (sources/gaps.py). A step that overruns by longer than this is
+    #: always found. Each wake-up has a fixed cost (~0.1 ms on a busy 2-CPU VM, ~56 us of
+    #: kernel CPU on the H200 host): one a second is the budget. 0 turns sampling off; the
+    #: gaps are still named
+    gap_sample_s: float = 1.0
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0
     #: per-rank Prometheus endpoint: port of local rank 0 (rank r serves on port + r); None: off

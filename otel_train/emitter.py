@@ -159,6 +159,13 @@ class _Backpressure:
 
 Remover = Callable[[], None]
 
+#: the emitter is woken early once the buffer holds capacity / FILL_DIVISOR records: the
+#: other half absorbs what the training thread adds before the emitter has drained
+FILL_DIVISOR = 2
+#: the longest the emitter sleeps while nothing is recorded and no source asked for a
+#: deadline (the exporter process's drop reports, internal errors: counted, not urgent)
+KEEPALIVE_S = 30.0
+
 
 class Emitter:
     def __init__(
@@ -198,6 +205,11 @@ class Emitter:
         self._reported_drops: collections.Counter[str] = collections.Counter()
         self._drops_seen: tuple[Any, ...] | None = None
         self._stop = threading.Event()
+        #: set by the recorder when the buffer fills (or its first record after an empty
+        #: drain comes), and by stop()
+        self._wake = threading.Event()
+        #: how many times the thread woke (bench/bench_wakeups.py reads it)
+        self.wakeups = 0
         self._wake_within_s: float | None = None  # asked for during this drain
         self._thread = threading.Thread(target=self._run, name="otel-train-emitter", daemon=True)
         self.steps_emitted = 0
@@ -249,8 +261,10 @@ class Emitter:
         return self._add("_pre_step_listeners", listener)
 
     def on_tick(self, listener: Callable[[], None]) -> Remover:
-        """Called on the emitter thread after every drain (each ``emit_interval_s``), records
-        or not: for sources that watch something over time (a collective that never ends)."""
+        """Called on the emitter thread after every drain, records or not: for sources that
+        watch something over time (a collective that never ends). The emitter sleeps while
+        nothing is recorded: a listener that must run again by a deadline asks for it
+        (:meth:`wake_within`) each time it runs."""
         return self._add("_tick_listeners", listener)
 
     def _add(self, attr: str, listener: Any) -> Remover:
@@ -317,36 +331,61 @@ class Emitter:
 
     # --- thread ----------------------------------------------------------------------
     def start(self) -> None:
+        self.recorder.wake = self._wake.set
         self._thread.start()
 
     def stop(self, timeout_s: float) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(timeout_s)
 
     def alive(self) -> bool:
         return self._thread.is_alive()
 
     def wake_within(self, seconds: float) -> None:
-        """Ask for the next drain within ``seconds``, sooner than ``emit_interval_s`` (once:
-        ask again from the next tick): for sources that poll something at a finer
-        resolution (the flight recorder before its ring wraps, a Work without a future)."""
+        """Ask for the next drain within ``seconds`` (once: ask again from the next tick):
+        for sources with a deadline of their own (a stall's, the flight recorder's before its
+        ring wraps, a Work without a future polled). Without one, the emitter sleeps until
+        records wait (``emit_interval_s`` after the last drain that found some, or sooner when
+        the buffer fills), or ``KEEPALIVE_S`` while none come."""
         if self._wake_within_s is None or seconds < self._wake_within_s:
             self._wake_within_s = seconds
 
     def _run(self) -> None:
-        interval = wait = self.cfg.emit_interval_s
-        while not self._stop.wait(wait):
+        interval = self.cfg.emit_interval_s
+        fill = max(1, self.recorder.capacity // FILL_DIVISOR)
+        wait = self._next_wait(0, interval, fill)  # the first record wakes it
+        while True:
+            self._wake.wait(wait)
+            if self._stop.is_set():
+                break
+            self._wake.clear()
             self._wake_within_s = None
-            self.pump()
-            asked = self._wake_within_s
-            wait = interval if asked is None else max(0.01, min(interval, asked))
+            self.wakeups += 1
+            wait = self._next_wait(self.pump(), interval, fill)
         self.pump(final=True)
         for _ in range(3):  # records the last pass itself produced (its own log lines)
             if not len(self.recorder):
                 break
             self.pump(final=True)
 
-    def pump(self, final: bool = False) -> None:
+    def _next_wait(self, drained: int, interval: float, fill: int) -> float:
+        """How long to sleep after a drain: ``interval`` while records come (or sooner if
+        ``fill`` of them wait), until the first new record once a drain found none (then
+        ``KEEPALIVE_S`` at most), and never past a deadline a source asked for."""
+        recorder = self.recorder
+        if drained or self._held_steps:  # held steps: their gate is looked at each drain
+            recorder.arm(fill)
+            wait = interval
+        else:
+            recorder.arm(0)  # the next record wakes this thread
+            # one put between the drain and the arming found it disarmed: it waits here
+            wait = interval if len(recorder) else KEEPALIVE_S
+        asked = self._wake_within_s
+        return wait if asked is None else max(0.01, min(wait, asked))
+
+    def pump(self, final: bool = False) -> int:
+        """Drain the buffer and hand on what it held; how many records it held."""
         budget = _Backpressure(self.pipeline, 0.1 if final or self._stop.is_set() else 0.5)
         records = self.recorder.drain()
         handlers, dispatch = self._handlers, self._dispatch
@@ -390,6 +429,7 @@ class Emitter:
         self.report_drops()
         self.report_internal_errors()
         self.pipeline.commit()
+        return len(records)
 
     def _dispatch(self, record: tuple[Any, ...]) -> None:
         """The emitter's own records; the sources' (``EVENT``) go to their handlers in

@@ -190,6 +190,7 @@ class StepTracker:
         # appended to directly (one length check, one append): Recorder.put is the same,
         # and takes the records it must drop and count
         self._queue, self._capacity = recorder.queue, recorder.capacity
+        recorder.add_appender(self)  # _capacity is lowered while the emitter sleeps armed
         self.run_id = run_id
         self.rank = rank
         self.thread_id = _get_ident()

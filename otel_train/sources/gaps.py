@@ -9,13 +9,17 @@ seconds, and where the training thread was), and so does each data wait of that 
 thread, the DataLoader worker waited for when it does not).
 
 Where the thread was comes from a sampler thread in the spirit of py-spy and the continuous
-profilers, within the project's cost budget: it wakes every ``gap_sample_s`` (200 ms), reads
-two attributes of the step tracker, and only when the training thread has been outside every
-phase (or in one data wait) for a quarter of that does it read the thread's stack, then
-wakes four times as often until the stretch ends
-(``sys._current_frames``), keeping the innermost frames of user code: no library frame, none
-of otel-train's hooks. Nothing runs on the training thread beyond one attribute store per
-phase end. The samples are matched to the stretches when the step is emitted, on the
+profilers, within the project's cost budget. It sleeps until a step could have run past its
+typical length: ``OVERRUN`` times the recent steps' median into a step, on the first step
+that point falls in ``gap_sample_s`` (1 s) or more from now, the steps assumed to follow at
+their typical length. There it reads a few attributes of the step tracker, and only when
+the training thread has been outside every phase (or in one data wait) for ``SAMPLE_AGE_S``
+does it read the thread's stack (``sys._current_frames``), keeping the innermost frames of
+user code: no library frame, none of otel-train's hooks. While the stretch, or the step's
+overrun, lasts it looks again after SAMPLE_AGE_S, then three times that, and so on; for
+``RECENT_S`` after such a find (slow stretches come back), and until the typical length is
+known, it lands four times as often. Nothing runs on the training thread beyond one
+attribute store per phase end. The samples are matched to the stretches when the step is emitted, on the
 emitter thread, and leave as span events with OpenTelemetry's ``code.*`` attributes: events
 because the pinned collector's OTLP receiver and the Jaeger/Tempo backends keep span events
 everywhere, while the OTLP profiles signal is still in development and not enabled in its
@@ -44,9 +48,21 @@ MAX_EVENTS = 3
 STACK_DEPTH = 6
 #: samples waiting for their step's emission at most (the oldest go first)
 MAX_SAMPLES = 4096
-#: while a stretch is being sampled the sampler wakes this many times as often, and a
-#: stretch is sampled once it is older than the fast interval
+#: a stretch (outside every phase, or a data wait) is sampled once it is this old; while it
+#: lasts (or its step's overrun), the sampler looks again after this, then BACKOFF times
+#: as long, and so on...
+SAMPLE_AGE_S = 0.05
+BACKOFF = 3
+#: ... up to this (a training loop paused outside every phase costs ~no wake-ups)
+CHASE_MAX_S = 30.0
+#: a step has run past its typical length at this multiple of the recent steps' median
+OVERRUN = 1.5
+#: the steps whose median is the typical length (at least MIN_STEPS of them)
+RECENT_STEPS, MIN_STEPS = 32, 3
+#: until the typical length is known, and for RECENT_S after a look that sampled a stretch
+#: (slow stretches come back), the sampler lands FAST_FACTOR times as often
 FAST_FACTOR = 4
+RECENT_S = 10.0
 DATA_WAIT = semconv.PHASE_DATA_WAIT
 #: a phase's host end and the stretch after it are one instant; their clocks' readings may
 #: differ by this much
@@ -135,6 +151,11 @@ class GapSource:
                             for part in (semconv.PHASE_DEVICE_WAIT, semconv.PHASE_HOST_BUSY)}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        #: the recent steps' lengths (ns), appended on the emitter thread
+        self._lengths: collections.deque[int] = collections.deque(maxlen=RECENT_STEPS)
+        self._chase = 0  # looks in a row that found a stretch or an overrun
+        self._found_at = -(1 << 62)  # perf ns of the last look that sampled a stretch
+        self.wakeups = 0
         ctx.emitter.before_step(self._on_step)
         if self.interval_s > 0:
             self._thread = threading.Thread(target=self._sample_loop, daemon=True,
@@ -142,28 +163,65 @@ class GapSource:
             self._thread.start()
 
     def stop(self) -> None:
-        # not joined: it notices within one interval and ends (a daemon, it holds nothing)
+        # not joined: it notices when it next wakes and ends (a daemon, it holds nothing)
         self._stop.set()
 
     # --- the sampler thread ----------------------------------------------------------
     def _sample_loop(self) -> None:
-        """Wake every ``interval_s``; while a stretch is being sampled, FAST_FACTOR times as
-        often. Each wake-up costs what it costs whatever it finds (~0.1 ms of thread CPU on
-        a busy 2-CPU VM, docs/overhead.md), so the slow rate is what sampling costs a run
-        whose steps have no long stretch; one that has them gets several samples each."""
-        slow = self.interval_s
-        fast = slow / FAST_FACTOR
-        age_ns = int(fast * 1e9)
-        wait = slow
+        """Sleep until the next look (:meth:`_next_look`), look, again. Each wake-up costs
+        what it costs whatever it finds (~0.1 ms of thread CPU on a busy 2-CPU VM,
+        docs/overhead.md): a run whose steps keep their typical length wakes it once a
+        ``gap_sample_s``; a step past its length, or a stretch, gets several samples."""
+        wait = self.interval_s / FAST_FACTOR
         while not self._stop.is_set():
             time.sleep(wait)  # cheaper to wake from than Event.wait
+            self.wakeups += 1
             try:
-                wait = fast if self._sample_once(age_ns) else slow
+                wait = self._next_look(self._look(_now()))
             except Exception as err:  # never let a sampling bug end the thread quietly
                 internal_errors.count("gaps", err)
-                wait = slow
+                wait = self.interval_s
 
-    def _sample_once(self, age_ns: int) -> bool:
+    def typical_ns(self) -> int | None:
+        """The median length of the recent steps (ns); None before MIN_STEPS of them."""
+        lengths = sorted(tuple(self._lengths))  # one copy: the emitter thread appends
+        return lengths[len(lengths) // 2] if len(lengths) >= MIN_STEPS else None
+
+    def _look(self, now: int) -> bool:
+        """Sample the training thread if it is in a stretch ``SAMPLE_AGE_S`` old or older;
+        True if it did, or if its step has run past ``OVERRUN`` times its typical length
+        (a stretch may follow)."""
+        if self._sample_once(int(SAMPLE_AGE_S * 1e9), now):
+            self._found_at = now
+            return True
+        tracker, typical = self.tracker, self.typical_ns()
+        start = tracker.step_start_ns
+        return bool(tracker.enabled and typical is not None and start is not None
+                    and now - start > OVERRUN * typical)
+
+    def _next_look(self, found: bool) -> float:
+        """Seconds to the next look: SAMPLE_AGE_S, growing BACKOFF-fold, while looks find
+        something; else the first point ``OVERRUN`` typical lengths into a step (the steps
+        are assumed to follow the current one at their typical length) ``gap_sample_s`` from
+        now or later: a step that overruns by longer than that is always found."""
+        now = _now()
+        if found:
+            self._chase += 1
+            return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S)
+        self._chase = 0
+        typical, start = self.typical_ns(), self.tracker.step_start_ns
+        floor = self.interval_s
+        if typical is None or now - self._found_at < RECENT_S * 1e9:
+            floor /= FAST_FACTOR
+        if typical is None or start is None:
+            return floor
+        earliest = now + int(floor * 1e9)
+        target = start + int(OVERRUN * typical)
+        if target < earliest:
+            target += -(-(earliest - target) // typical) * typical  # whole steps later
+        return (target - now) / 1e9
+
+    def _sample_once(self, age_ns: int, now: int | None = None) -> bool:
         """Sample the training thread if it has been outside every phase, or in one data
         wait, for ``age_ns`` or more; True if it did."""
         tracker = self.tracker
@@ -176,7 +234,7 @@ class GapSource:
             since = tracker.phase_start_ns
         else:
             return False
-        now = _now()
+        now = _now() if now is None else now
         if not since or now - since < age_ns:
             return False
         frame = sys._current_frames().get(tracker.thread_id)
@@ -192,6 +250,7 @@ class GapSource:
     def _on_step(self, info: Any) -> None:
         offset = self.emitter.offset
         start, end = info.start_ns - offset, info.end_ns - offset  # perf_counter ns
+        self._lengths.append(end - start)
         gaps, waits = self._segments(info.phase_intervals, start, end)
         samples = self._take_samples(end)
         blocked = self._device_waits(info, gaps, offset)

@@ -107,7 +107,9 @@ def _train(tmp_path: Path, parallel: str, ranks: int = 2, steps: int = 3, backen
             "run_id": f"{parallel}-{ranks}", "out": str(tmp_path)}
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("OTEL_", "TORCHELASTIC_")) and k != "TRACEPARENT"}
-    full_env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), OTEL_TRAIN_EMIT_INTERVAL_MS="50", **env)
+    full_env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]),
+                    OTEL_TRAIN_EMIT_INTERVAL_MS="50")
+    full_env.update(env)
     out = subprocess.run([sys.executable, __file__, json.dumps(args)], env=full_env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-4000:]
@@ -167,6 +169,18 @@ def _assert_metrics(run_dir: Path, ranks: int) -> None:
     assert overlap and all(0.0 <= float(p["asDouble"]) <= 1.0 for p in overlap)
     sizes = otlp_files.metric_points(run_dir, semconv.METRIC_COLLECTIVE_SIZE)
     assert sizes and all(int(p["asInt"]) > 0 for p in sizes)
+
+
+@pytest.mark.slow
+def test_a_stall_is_reported_at_its_deadline_while_the_emitter_sleeps(tmp_path):
+    # drains 5 s apart: the emitter sleeps through the stall unless it wakes for the deadline
+    run_dir = _train(tmp_path, "ddp", steps=3, slow_rank=1, slow_step=1, delay_s=3.0,
+                     OTEL_TRAIN_STALL_TIMEOUT_S="0.5", OTEL_TRAIN_EMIT_INTERVAL_MS="5000")
+    logs = [r for r in otlp_files.logs(run_dir)
+            if r["body"]["stringValue"] == semconv.LOG_COLLECTIVE_STALLED]
+    assert len(logs) == 1 and logs[0]["attrs"]["rank"] == 0, logs
+    # reported at the deadline, not at a drain (late, or after the collective ended)
+    assert 0.5 <= logs[0]["attrs"]["pending_s"] <= 0.8, logs[0]["attrs"]
 
 
 @pytest.mark.slow

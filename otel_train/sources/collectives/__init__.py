@@ -378,7 +378,12 @@ class Ledger:
             # the next read before the ring can wrap, not at the next drain
             self.emitter.wake_within(
                 (self._harvested_at + self._harvest_interval_ns - now) / 1e9)
-        self.stall.check(list(self.pending.values()), now)
+        _, deadline = self.stall.check(list(self.pending.values()), now)
+        if deadline is not None:  # a training thread blocked in it records nothing else
+            self.emitter.wake_within((deadline - now) / 1e9)
+        # the next issue is drained (its deadline known) before it can stall: binds only
+        # where the stall timeout is shorter than the drain interval (or the keep-alive)
+        self.emitter.wake_within(self.stall.timeout_ns / 1e9)
 
     def _harvest(self) -> None:
         assert self.flight_recorder is not None

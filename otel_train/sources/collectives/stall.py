@@ -1,5 +1,6 @@
 """Stall detection: a collective pending longer than ``stall_timeout_s`` is reported, from the
-emitter thread, once: an error log naming op, sequence number, sizes and process group, and
+emitter thread, once, when its deadline comes (the emitter, asleep while nothing is recorded,
+is asked to wake for it): an error log naming op, sequence number, sizes and process group, and
 (when it ends, or at exit) a ``collective.stalled`` event and attribute on its span.
 
 The rank that is behind is the one *not* reporting the collective at that sequence number
@@ -23,18 +24,24 @@ class StallWatch:
         self.reported = 0
         self._rand = random.Random()
 
-    def check(self, pending: Iterable[Any], now_perf: int) -> int:
-        """Flag and report every collective of ``pending`` past the timeout; how many."""
+    def check(self, pending: Iterable[Any], now_perf: int) -> tuple[int, int | None]:
+        """Flag and report every collective of ``pending`` past the timeout: how many, and
+        the perf ns at which the next of the others would stall (None: none pending)."""
         found = 0
+        deadline: int | None = None
         for coll in pending:
-            if coll.stalled_at or now_perf - coll.issue < self.timeout_ns:
+            if coll.stalled_at:
+                continue
+            due = coll.issue + self.timeout_ns
+            if now_perf < due:
+                deadline = due if deadline is None else min(deadline, due)
                 continue
             coll.stalled_at = coll.issue + self.timeout_ns
             coll.span_id = coll.span_id or (self._rand.getrandbits(64) or 1)
             self._report(coll, now_perf)
             found += 1
         self.reported += found
-        return found
+        return found, deadline
 
     def _report(self, coll: Any, now_perf: int) -> None:
         trace_id = identity.step_trace_id(self.run_id, coll.step)

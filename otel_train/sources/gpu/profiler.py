@@ -34,6 +34,8 @@ from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.profile_window"
 ANALYSIS_TIMEOUT_S = 600.0
+#: how often the emitter looks at a window being written or analysed
+POLL_S = 1.0
 
 
 class ProfilerSource:
@@ -132,6 +134,11 @@ class ProfilerSource:
         self._jobs.append(job)
 
     def _poll(self) -> None:
+        self._poll_jobs()
+        if self._jobs:  # a window being written or analysed: look again soon (the emitter
+            self.emitter.wake_within(POLL_S)  # sleeps while nothing is recorded)
+
+    def _poll_jobs(self) -> None:
         for job in list(self._jobs):
             if not job["written"]:
                 continue

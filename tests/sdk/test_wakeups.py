@@ -1,0 +1,109 @@
+"""otel-train's threads sleep until there is work, and nothing is lost for it: a filling
+buffer wakes the emitter, shutdown drains what a sleeping emitter holds, the gap sampler
+still finds a slow stretch and names its line. (The stall found at its deadline while the
+emitter sleeps: tests/collectives/test_collectives.py.)"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from support import otlp_files
+
+import otel_train
+from otel_train import semconv
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "TRACEPARENT",
+                 "OTEL_EXPORTER_OTLP_ENDPOINT", "TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE",
+                 "OTEL_TRAIN_EMIT_INTERVAL_MS", "OTEL_TRAIN_GAP_SAMPLE_MS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _rank_steps(run_dir) -> list[dict]:
+    return [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
+
+
+def test_a_filling_buffer_wakes_the_sleeping_emitter_and_nothing_is_dropped(tmp_path):
+    model, opt = _model()
+    x = torch.randn(2, 4)
+    steps = 2000  # four records a step: 8000, twice the buffer
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="burst",
+                               queue_size=4000, emit_interval_s=600.0) as inst:
+        for _ in range(steps):
+            _step(model, opt, x)
+        woke = inst.emitter.wakeups  # before the exit's final drain
+        dropped = sum(inst.recorder.dropped.values())
+    assert dropped == 0
+    assert woke >= 1  # a 600 s interval: only the filling buffer woke it
+    assert len(_rank_steps(tmp_path / "burst")) == steps
+
+
+def test_shutdown_drains_everything_a_sleeping_emitter_holds(tmp_path):
+    model, opt = _model()
+    x = torch.randn(2, 4)
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="asleep",
+                               emit_interval_s=600.0) as inst:
+        for _ in range(50):
+            _step(model, opt, x)
+        # the first record woke it; the rest waits for a drain 600 s away
+        assert inst.emitter.wakeups <= 1 and len(inst.recorder) >= 49 * 4
+    assert sorted(int(s["attrs"][semconv.ATTR_STEP]) for s in _rank_steps(
+        tmp_path / "asleep")) == list(range(50))
+
+
+def slow_stretch(seconds: float) -> None:
+    """Untimed host work between the phases: the stretch the sampler must name."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        sum(i * 0.5 for i in range(200))
+
+
+def test_the_sleeping_gap_sampler_names_a_slow_stretch_to_its_line(tmp_path):
+    model, opt = _model()
+    x = torch.randn(2, 4)
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="gaps") as inst:
+        gaps = next(s for s in inst._sources if type(s).__name__ == "GapSource")
+        deadline = time.monotonic() + 30
+        # steps of ~20 ms until the sampler knows their typical length and has slept past
+        # its fast start (nothing sampled: it lands once a second)
+        while gaps.typical_ns() is None or gaps.wakeups < 6:
+            time.sleep(0.02)  # inside no phase, but shorter than SAMPLE_AGE_S
+            _step(model, opt, x)
+            assert time.monotonic() < deadline
+        steady_from, steady_wakeups = time.monotonic(), gaps.wakeups
+        for _ in range(100):
+            with torch.no_grad():
+                model(x)  # a forward: ~20 ms steps in the phases
+            time.sleep(0.02)
+            _step(model, opt, x)
+        steady_rate = (gaps.wakeups - steady_wakeups) / (time.monotonic() - steady_from)
+        model(x).sum().backward()
+        slow_stretch(1.5)  # longer than gap_sample_s (1 s): always found
+        opt.step()
+        opt.zero_grad()
+        _step(model, opt, x)
+    assert steady_rate <= 1.5, steady_rate
+    events = [otlp_files.attrs(e) for s in _rank_steps(tmp_path / "gaps")
+              for e in s.get("events", []) if e["name"] == semconv.EVENT_GAP]
+    gap = max(events, key=lambda e: e[semconv.ATTR_GAP_DURATION])
+    assert gap[semconv.ATTR_GAP_DURATION] >= 1.4, gap
+    assert gap[semconv.ATTR_GAP_SEGMENT] == "between backward and optimizer", gap
+    assert gap[semconv.ATTR_GAP_SAMPLES] >= 2, gap
+    assert gap[semconv.ATTR_CODE_FUNCTION].startswith("slow_stretch"), gap
+    assert gap[semconv.ATTR_CODE_FILE] == __file__, gap
