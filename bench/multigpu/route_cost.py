@@ -119,6 +119,7 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
         per[arm] = {
             "pairs_us": pairs(rows, own),
             "pairs_us_with_nccl": pairs(rows, lambda b: b["process_cpu_s"]),
+            "otel_threads_pairs_us": pairs(rows, lambda b: b["otel_threads_cpu_s"]),
             "nccl_threads": sorted({k for r in rows for b in r["blocks"]
                                     for k in b["threads_cpu_s"] if k.startswith("NCCL")}),
             # where it goes: each thread name's marginal CPU us per collective (median)
@@ -143,6 +144,7 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
             per[arm]["added_" + key] = ci(per[arm][key], per["bare"][key])
     for arm in args.arms:
         per[arm]["itself_us"] = ci(per[arm]["pairs_us"])
+        per[arm]["otel_threads_us"] = ci(per[arm]["otel_threads_pairs_us"])
     return {"ranks": ranks, "extra": args.extra, "block": args.block, "arms": per}
 
 
@@ -161,9 +163,9 @@ def markdown(results: list[dict], env: dict) -> str:
              ": per collective, median over (rank, pair of blocks) [95% bootstrap CI]; per "
              "step and per second, median over ranks [min, max].", "",
              "| ranks | arm | step ms | measured s (blocks) | added CPU us / collective "
-             "(NCCL's threads out) | the same, NCCL's threads in | otel-train threads ms / "
-             "step | otel-train threads ms / s |", "| --- | --- | --- | --- | --- | --- | --- |"
-             " --- |"]
+             "(NCCL's threads out) | the same, NCCL's threads in | of it otel-train's threads, us "
+             "/ collective | otel-train threads ms / step | otel-train threads ms / s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         for arm in r["arms"]:
             a = r["arms"][arm]
@@ -174,6 +176,7 @@ def markdown(results: list[dict], env: dict) -> str:
             lines.append(
                 f"| {r['ranks']} | {arm} | {a['step_ms']:.1f} | {a['measured_s']:.0f} "
                 f"({a['blocks']:.0f}) | {added} | {added_nccl} | "
+                f"{fmt(a['otel_threads_us']) if threads else '-'} | "
                 f"{spread(a['otel_threads_ms_per_step']) if threads else '-'} | "
                 f"{spread(a['otel_threads_ms_per_s']) if threads else '-'} |")
     lines += ["", "Where the marginal CPU per collective goes, by thread name (us, median "

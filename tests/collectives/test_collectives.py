@@ -178,7 +178,7 @@ def test_a_stall_is_reported_at_its_deadline_while_the_emitter_sleeps(tmp_path):
                      OTEL_TRAIN_STALL_TIMEOUT_S="0.5", OTEL_TRAIN_EMIT_INTERVAL_MS="5000")
     logs = [r for r in otlp_files.logs(run_dir)
             if r["body"]["stringValue"] == semconv.LOG_COLLECTIVE_STALLED]
-    assert len(logs) == 1 and logs[0]["attrs"]["rank"] == 0, logs
+    assert len(logs) == 1 and logs[0]["attrs"][semconv.ATTR_RANK] == 0, logs
     # reported at the deadline, not at a drain (late, or after the collective ended)
     assert 0.5 <= logs[0]["attrs"]["pending_s"] <= 0.8, logs[0]["attrs"]
 

@@ -114,12 +114,17 @@ def otel_threads_cpu_s() -> float:
 
 
 def threads_cpu_s() -> dict[str, float]:
-    """CPU seconds so far of each thread of this process, summed by thread name (NCCL names
-    its threads with NCCL_SET_THREAD_NAME=1)."""
+    """CPU seconds so far of each thread of this process, summed by thread name: a Python
+    thread's own name (``py:otel-train-emitter``; Python does not name its threads for the
+    kernel, so all would read "python"), else the kernel's (NCCL names its threads with
+    NCCL_SET_THREAD_NAME=1)."""
+    python_names = {t.native_id: f"py:{t.name}" for t in threading.enumerate() if t.native_id}
+    main = threading.main_thread().native_id
+    python_names[main] = "py:main"
     out: dict[str, float] = {}
     for task in Path("/proc/self/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
+            name = python_names.get(int(task.name)) or (task / "comm").read_text().strip()
             ns = int((task / "schedstat").read_text().split()[0])
         except OSError:  # it ended meanwhile
             continue

@@ -288,7 +288,8 @@ def test_a_full_buffer_drops_and_counts_and_never_blocks(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_TRAIN_EMIT_INTERVAL_MS", "600000")  # drained only at exit
     model, opt, loader = training.setup(batches=40)
     with pytest.warns(ConfigWarning, match="telemetry dropped"):
-        with otel_train.instrument(model, output_dir=tmp_path, queue_size=16) as inst:
+        # two records: a step makes more at once than a woken emitter can take in between
+        with otel_train.instrument(model, output_dir=tmp_path, queue_size=2) as inst:
             assert training.train(model, opt, loader) == 40
     assert inst.dropped[semconv.SIGNAL_SPANS] > 0
     run_dir = otlp_files.only_run_dir(tmp_path)
