@@ -71,10 +71,13 @@ class Config:
     #: where a step would have run past its typical length, and samples the training
     #: thread's stack while it is outside every phase (or in a data wait) there: where
     #: untimed time went (sources/gaps.py). A step that overruns by longer than this is
-    #: always found. Each wake-up has a fixed cost (~0.1 ms on a busy 2-CPU VM, ~56 us of
-    #: kernel CPU on the H200 host): one a second is the budget. 0 turns sampling off; the
-    #: gaps are still named
-    gap_sample_s: float = 1.0
+    #: always found: 200 ms, so that a host stretch a fifth of a second long on steps of
+    #: any length is named down to its line (tests/gpu/test_nccl_attribution.py: 0.4 s on
+    #: ~13 ms steps). Each wake-up has a fixed cost (~0.1 ms on a busy 2-CPU VM, ~56 us of
+    #: kernel CPU on the H200 host): five a second at most, once a step where steps are
+    #: longer than 130 ms, ~0 while training is paused. 0 turns sampling off; the gaps are
+    #: still named
+    gap_sample_s: float = 0.2
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0
     #: per-rank Prometheus endpoint: port of local rank 0 (rank r serves on port + r); None: off

@@ -11,7 +11,7 @@ thread, the DataLoader worker waited for when it does not).
 Where the thread was comes from a sampler thread in the spirit of py-spy and the continuous
 profilers, within the project's cost budget. It sleeps until a step could have run past its
 typical length: ``OVERRUN`` times the recent steps' median into a step, on the first step
-that point falls in ``gap_sample_s`` (1 s) or more from now, the steps assumed to follow at
+that point falls in ``gap_sample_s`` (200 ms) or more from now, the steps assumed to follow at
 their typical length. There it reads a few attributes of the step tracker, and only when
 the training thread has been outside every phase (or in one data wait) for ``SAMPLE_AGE_S``
 does it read the thread's stack (``sys._current_frames``), keeping the innermost frames of

@@ -102,7 +102,7 @@ def test_collective_span_mode_from_environment_and_argument():
     ("prometheus_port", 99999, "a TCP port, 1-65535", None),
     ("exporter", "bogus", "one of auto, otlp, file, none", "auto"),
     ("capture_logs", "yes", "true or false", True),
-    ("gap_sample_s", float("inf"), "a non-negative number of seconds", 1.0),
+    ("gap_sample_s", float("inf"), "a non-negative number of seconds", 0.2),
     ("nccl_timing", "fast", "one of auto, kernel, events", "auto"),
     ("nccl_poll_ms", 0, "an integer of milliseconds, 1-1000", 25),
     ("output_dir", 3, "a path", Path("otel-train-runs")),
@@ -125,7 +125,7 @@ def test_a_bad_argument_falls_back_to_the_environment_s_value():
 
 @pytest.mark.parametrize("name,value,message", [
     ("OTEL_TRAIN_EMIT_INTERVAL_MS", "abc", "a positive number of milliseconds); using 1000"),
-    ("OTEL_TRAIN_GAP_SAMPLE_MS", "-1", "a non-negative number of milliseconds); using 1000"),
+    ("OTEL_TRAIN_GAP_SAMPLE_MS", "-1", "a non-negative number of milliseconds); using 200"),
     ("OTEL_TRAIN_STALL_TIMEOUT_S", "soon", "a positive number of seconds); using 60.0"),
     ("OTEL_TRAIN_NCCL_POLL_MS", "5000", "an integer of milliseconds, 1-1000); using 25"),
 ])
