@@ -304,12 +304,17 @@ class Ledger:
         emitter.on_step(self._guarded(self.on_step))
         emitter.on_tick(self.tick)
         self.log = ctx.log
-        self.errors = 0
+        self._errors = internal_errors.Tally(log_first=3)
         mode = ctx.config.collective_spans
         #: "auto": own spans within the rank's budget, a step summarised past it
         self.budget = (collective_rows.SpanBudget(ctx.config.collective_span_rate)
                        if mode == "auto" else None)
         self.summary = mode == "summary"
+
+    @property
+    def errors(self) -> int:
+        """Exceptions of step listeners contained (the first three are logged)."""
+        return self._errors.errors
 
     def _guarded(self, listener: Any) -> Any:
         """A step listener that raises would cost the whole step its telemetry: contain it."""
@@ -317,9 +322,7 @@ class Ledger:
             try:
                 listener(info)
             except Exception as err:
-                internal_errors.count("collectives", err)
-                self.errors += 1
-                if self.errors <= 3:
+                if self._errors.add(err, "collectives"):
                     self.log.warning("otel_train.collectives_error", error=repr(err))
 
         return guarded
