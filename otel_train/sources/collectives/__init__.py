@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from otel_train import collectives_math as cmath
+from otel_train import collectives_math, internal_errors, nccl, semconv, torch_compat
 from otel_train import config as config_mod
-from otel_train import internal_errors, nccl, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows
 from otel_train.export.collective_rows import Spec as RowSpec
@@ -587,7 +586,7 @@ class Ledger:
         blocking = ([(c.issue, c.done or c.issue) for c in mine if not c.async_op]
                     + [(c.issue, hi) for c in late if not c.async_op])
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
-        exposed, total = cmath.exposed_and_total(comm, blocking, compute, lo, hi)
+        exposed, total = collectives_math.exposed_and_total(comm, blocking, compute, lo, hi)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:
@@ -604,7 +603,8 @@ class Ledger:
         if not mine:
             return
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
-        exposed, total = cmath.exposed_and_total(list(zip(issue, done)), [], compute, lo, hi)
+        exposed, total = collectives_math.exposed_and_total(list(zip(issue, done)), [], compute,
+                                                            lo, hi)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:
