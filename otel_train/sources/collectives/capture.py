@@ -325,7 +325,7 @@ class Capture:
         for module in model.modules() if isinstance(model, torch.nn.Module) else ():
             if not isinstance(module, DDP):
                 continue
-            if getattr(module, "_comm_hooks", None) or _builtin_hook(module):
+            if torch_compat.ddp_comm_hook_registered(module):
                 log.info("otel_train.ddp_comm_hook_kept",
                          reason="a comm hook is registered already; its collectives are seen "
                                 "only if it calls torch.distributed functions")
@@ -349,13 +349,6 @@ class Capture:
                 self._undo.pop()()
             except Exception as err:
                 self._errors.add(err)
-
-
-def _builtin_hook(module: Any) -> bool:
-    try:
-        return bool(module._get_ddp_logging_data().get("comm_hook"))
-    except Exception:
-        return False
 
 
 def otel_train_allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
