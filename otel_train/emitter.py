@@ -216,7 +216,7 @@ class Emitter:
         #: (end on the perf_counter clock, step) of the last steps the training thread
         #: finished, held or emitted: which step a moment belonged to (step_at)
         self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
-        self.errors = 0
+        self._errors = internal_errors.Tally()
         self._base_attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
         self._link_tuples = [ctx_tuple(link.context) for link in self._links()]
         self._console_debug = console is not None and _debug_enabled(console)
@@ -237,6 +237,11 @@ class Emitter:
             self.dropped_ctr.add(0, {**self._base_attrs, semconv.ATTR_SIGNAL: signal})
         self.internal_errors_ctr = semconv.create(meter, semconv.METRIC_INTERNAL_ERRORS)
         self._reported_internal: dict[str, int] = dict(internal_errors.snapshot())
+
+    @property
+    def errors(self) -> int:
+        """Exceptions the emitter swallowed (the first five are logged)."""
+        return self._errors.errors
 
     # --- extension points for sources/ (sources.SourceHost: their only door) ----------
     def on_event(self, source: str, handler: Callable[[Any], None]) -> Remover:
@@ -404,9 +409,7 @@ class Emitter:
                     else:
                         dispatch(record)
                 except Exception as err:  # never let one bad record stop the emitter
-                    internal_errors.count("emitter", err)
-                    self.errors += 1
-                    if self.console is not None and self.errors <= 5:
+                    if self._errors.add(err, "emitter") and self.console is not None:
                         self.console.warning("otel_train.emitter_error", error=repr(err),
                                              record_kind=record[0])
         if self._held_steps:
@@ -414,16 +417,14 @@ class Emitter:
                 self.release_steps(final)
             except Exception as err:
                 self._held_steps.clear()
-                self.errors += 1
-                if self.console is not None and self.errors <= 5:
+                if self._errors.add(err) and self.console is not None:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind=STEP)
         for listener in self._tick_listeners:
             try:
                 listener()
             except Exception as err:
-                self.errors += 1
-                if self.console is not None and self.errors <= 5:
+                if self._errors.add(err) and self.console is not None:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind="tick")
         self.report_drops()
@@ -460,9 +461,7 @@ class Emitter:
         try:
             listener(info)
         except Exception as err:
-            internal_errors.count("emitter", err)
-            self.errors += 1
-            if self.console is not None and self.errors <= 5:
+            if self._errors.add(err, "emitter") and self.console is not None:
                 self.console.warning("otel_train.emitter_error", error=repr(err),
                                      record_kind="step listener")
 
@@ -532,8 +531,7 @@ class Emitter:
         try:  # the step is handed over: what follows can fail without losing it
             self._after_step(info, duration_s, totals, samples, tokens)
         except Exception as err:
-            internal_errors.count("emitter", err)
-            self.errors += 1
+            self._errors.add(err, "emitter")
 
     def _after_step(self, info: StepInfo, duration_s: float, totals: dict[str, float],
                     samples: int, tokens: int) -> None:

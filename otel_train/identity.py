@@ -132,11 +132,11 @@ def _collective_device() -> str:
     """Where the default group's tensors live: CPU when a CPU backend (gloo) is there, else
     the accelerator's current device ("cuda" means the current CUDA device, as NCCL needs).
     This is the rule ``broadcast_object_list`` used, so NCCL-only jobs behave as before."""
-    from torch.distributed import distributed_c10d as c10d
+    from otel_train import torch_compat
 
-    pick = getattr(c10d, "_get_object_coll_device", None)  # private; present in torch 2.4+
-    if pick is not None:
-        return str(pick())
+    device = torch_compat.object_collective_device()
+    if device is not None:
+        return device
     import torch.distributed as dist
 
     return "cuda" if str(dist.get_backend()) == "nccl" else "cpu"

@@ -157,6 +157,12 @@ def calls_through_call_impl_slot(module: torch.nn.Module) -> bool:
                 and call is optimized.__call__)) and _call_reads_slot()
 
 
+def call_impl(module: torch.nn.Module) -> Any:
+    """The module's own ``_call_impl`` (forward with its hooks): what the step tracker's
+    forward timing calls for a module not compiled by ``module.compile()``."""
+    return module._call_impl
+
+
 @functools.cache
 def _call_reads_slot() -> bool:
     try:
@@ -183,6 +189,35 @@ def process_groups() -> list[Any]:
 
     world = getattr(dist.distributed_c10d, "_world", None)
     return list(getattr(world, "pg_map", {}) or {})
+
+
+def default_store() -> Any | None:
+    """The default process group's store (``_get_default_store``: no public accessor), for
+    the compile fingerprints' exchange between ranks; None where it cannot be had."""
+    try:
+        return _c10d()._get_default_store()
+    except Exception:
+        return None
+
+
+def object_collective_device() -> str | None:
+    """Where the default group's object collectives put their tensors
+    (``_get_object_coll_device``: the rule ``broadcast_object_list`` follows; no public
+    API); None where missing."""
+    pick = getattr(_c10d(), "_get_object_coll_device", None)
+    return str(pick()) if pick is not None else None
+
+
+def ddp_comm_hook_registered(module: Any) -> bool:
+    """Whether a DDP module has a comm hook already, Python (``_comm_hooks``) or built in
+    (``_get_ddp_logging_data()["comm_hook"]``): no public API says so, and a second
+    ``register_comm_hook`` raises."""
+    if getattr(module, "_comm_hooks", None):
+        return True
+    try:
+        return bool(module._get_ddp_logging_data().get("comm_hook"))
+    except Exception:
+        return False
 
 
 def nccl_trace_dumps() -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
@@ -283,6 +318,13 @@ def _c10d() -> Any:
     return dist.distributed_c10d
 
 
+def _ddp_hook_state() -> bool:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return (hasattr(DDP, "_get_ddp_logging_data")
+            and "_comm_hooks" in _source(DDP.register_comm_hook))
+
+
 #: name -> (why, whether the installed torch has it): tests/sdk/test_torch_compat.py asserts each
 PROBES: dict[str, tuple[str, Callable[[], bool]]] = {
     "dynamo_disable": ("keep C++ callbacks out of dynamo",
@@ -307,6 +349,11 @@ PROBES: dict[str, tuple[str, Callable[[], bool]]] = {
     "default_group": ("group=None resolved", lambda: hasattr(_c10d(), "_get_default_group")),
     "process_groups": ("every process group hooked or read",
                        lambda: hasattr(getattr(_c10d(), "_world", None), "pg_map")),
+    "default_store": ("compile fingerprints compared across ranks",
+                      lambda: hasattr(_c10d(), "_get_default_store")),
+    "object_collective_device": ("the run id broadcast on the default group's device",
+                                 lambda: hasattr(_c10d(), "_get_object_coll_device")),
+    "ddp_comm_hook_registered": ("a DDP module's own comm hook kept", _ddp_hook_state),
     "nccl_trace_dumps": ("NCCL collectives from the flight recorder",
                          lambda: any(f is not None for f in nccl_trace_dumps())),
     "dataloader_iter_class": ("data waits timed",

@@ -528,7 +528,8 @@ class StepHooks:
         compiled_call = torch_compat.compiled_call_impl(model)
         # model.compile(): the compiled call (hooks would run inside the graph); else the
         # module's own _call_impl, its hooks and all
-        call = compiled_call if compiled_call is not None else model._call_impl
+        call = (compiled_call if compiled_call is not None
+                else torch_compat.call_impl(model))
         timed_call = _timed(self.tracker, FORWARD, call)
         setattr(timed_call, torch_compat.WRAPPED_COMPILED_CALL, compiled_call)
         torch_compat.set_compiled_call_impl(model, timed_call)

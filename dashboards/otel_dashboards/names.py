@@ -18,8 +18,8 @@ _SEMCONV = Path(__file__).resolve().parents[2] / "otel_train" / "semconv.py"
 
 
 def _load_semconv():
-    # semconv.py imports nothing of otel_train; load the file alone so that generating dashboards never
-    # imports the otel_train package (and with it torch).
+    # semconv.py imports nothing of otel_train; load the file alone so that generating
+    # dashboards never imports the otel_train package (and with it torch).
     spec = importlib.util.spec_from_file_location("_otel_train_semconv", _SEMCONV)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while defining

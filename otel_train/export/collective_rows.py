@@ -3,8 +3,8 @@
 This runs where spans are built: in the exporter process, which receives a step's collectives
 as plain tuples (:data:`Row`) with the step's context (:class:`Spec`), or on the emitter
 thread when export runs in process. The training process's emitter pays for the tuples, not
-for each collective's attribute dict, span and points (~25 us a collective on the emitter
-before, docs/overhead.md). Every source of collectives ends here: the gloo wrappers and
+for each collective's attribute dict, span and points (building them costs ~25 us a
+collective, docs/overhead.md). Every source of collectives ends here: the gloo wrappers and
 process-group hooks and NCCL's flight recorder (``sources/collectives/__init__.py``) and otel-train's
 NCCL profiler plugin (``nccl/rows.py`` turns its records into rows). No torch here.
 
@@ -26,8 +26,7 @@ from typing import Any, NamedTuple
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_train import collectives_math as cmath
-from otel_train import semconv
+from otel_train import collectives_math, semconv
 
 SLOW_FACTOR = 4.0
 SLOW_MIN_S = 0.005
@@ -193,7 +192,7 @@ def _span(spec: Spec, row: Row, parent: SpanContext, span: Callable[..., Any]) -
     if shape is not None:
         attrs[semconv.ATTR_COLLECTIVE_SHAPE] = list(shape)
     attrs[semconv.ATTR_COLLECTIVE_SOURCE] = source
-    bus = cmath.bus_bandwidth_gbps(op, nbytes, seconds(row), group_size)
+    bus = collectives_math.bus_bandwidth_gbps(op, nbytes, seconds(row), group_size)
     if bus is not None and done:
         attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
     if gpu_s is not None:
@@ -255,7 +254,8 @@ def _summary_span(spec: Spec, members: list[tuple[Row, SpanContext]],
         semconv.ATTR_COLLECTIVE_COUNT: len(rows),
         semconv.ATTR_COLLECTIVE_TOTAL_S: sum(max(0, r[10] - r[9]) for r in rows) / 1e9,
     }
-    bus = cmath.bus_bandwidth_gbps(first[0], nbytes, sum(seconds(r) for r in rows), first[4])
+    bus = collectives_math.bus_bandwidth_gbps(first[0], nbytes, sum(seconds(r) for r in rows),
+                                              first[4])
     if bus is not None:
         attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
     if gpu:

@@ -26,7 +26,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext
 
-from otel_train import redact, semconv
+from otel_train import internal_errors, redact, semconv
 from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows, remote
 from otel_train.export.providers import Pipeline
@@ -57,7 +57,7 @@ class Exporter:
         self.instruments: dict[int, Any] = {}
         #: instrument id -> metric name
         self.names: dict[int, str] = {}
-        self.errors = 0
+        self._errors = internal_errors.Tally()
         self._reported: Any = None
         #: the version of the pending series the training process was last sent
         self._series_sent: Any = None
@@ -124,9 +124,9 @@ class Exporter:
             try:
                 self.apply(op)
             except Exception as err:  # one bad operation never stops the exporter
-                self.errors += 1
+                logged = self._errors.add(err)
                 self._count_unapplied(op)
-                if self.errors <= 5:
+                if logged:
                     print(f"otel-train exporter: cannot apply {op[0]!r}: {err!r}",
                           file=sys.stderr)
         return None

@@ -3,9 +3,8 @@
 This runs where spans are built: in the exporter process, which receives one
 :class:`StepRecord` per step (plain values, pickled with the batch), or on the emitter thread
 when export runs in process. The training process's emitter pays for the record, not for the
-step's four to eight spans, its log record and its points (~0.3-0.5 ms of interpreter time a
-step before, docs/overhead.md). What is made is exactly what the emitter made before: the
-same names, ids, parents, attributes and exemplar contexts. No torch here.
+step's four to eight spans, its log record and its points (building them costs ~0.3-0.5 ms
+of interpreter time a step, docs/overhead.md). No torch here.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ from support import otlp_files
 from torch._dynamo.utils import counters
 
 import otel_train
-from otel_train import collectives_math as cmath
-from otel_train import config, semconv
+from otel_train import collectives_math, config, semconv
 from otel_train.config import ConfigWarning
 
 REPO = Path(__file__).resolve().parents[2]
@@ -393,17 +392,18 @@ def test_wrappers_are_restored_and_a_failing_recorder_never_fails_the_collective
 
 def test_bus_bandwidth_follows_nccl_tests():
     gb, second = 10**9, 1.0
-    assert cmath.bus_bandwidth_gbps("all_reduce", gb, second, 4) == pytest.approx(1.5)
-    assert cmath.bus_bandwidth_gbps("all_gather", gb, second, 4) == pytest.approx(0.75)
-    assert cmath.bus_bandwidth_gbps("reduce_scatter", gb, second, 2) == pytest.approx(0.5)
-    assert cmath.bus_bandwidth_gbps("broadcast", gb, second, 8) == pytest.approx(1.0)
-    assert cmath.bus_bandwidth_gbps("barrier", 0, second, 8) is None
+    assert collectives_math.bus_bandwidth_gbps("all_reduce", gb, second, 4) == pytest.approx(1.5)
+    assert collectives_math.bus_bandwidth_gbps("all_gather", gb, second, 4) == pytest.approx(0.75)
+    assert (collectives_math.bus_bandwidth_gbps("reduce_scatter", gb, second, 2)
+            == pytest.approx(0.5))
+    assert collectives_math.bus_bandwidth_gbps("broadcast", gb, second, 8) == pytest.approx(1.0)
+    assert collectives_math.bus_bandwidth_gbps("barrier", 0, second, 8) is None
 
 
 def test_exposed_communication_is_in_flight_time_without_compute():
     # step [0, 100); compute 10-40 and 60-90; a sync collective 30-50 blocks the thread,
     # an async one 65-95 runs under compute until 90
-    exposed, total = cmath.exposed_and_total(
+    exposed, total = collectives_math.exposed_and_total(
         comm=[(30, 50), (65, 95)], blocking=[(30, 50)], compute=[(10, 40), (60, 90)],
         lo=0, hi=100)
     assert total == 20 + 30

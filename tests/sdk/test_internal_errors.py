@@ -48,3 +48,12 @@ def test_a_failing_hook_is_counted_exported_and_logged_once(tmp_path, capfd) -> 
     err = capfd.readouterr().err
     lines = [line for line in err.splitlines() if "otel_train.internal_error" in line]
     assert len(lines) == 1 and "batch_size" in lines[0] and "no dim()" in lines[0]
+
+
+def test_a_tally_counts_every_error_and_logs_only_the_first_few() -> None:
+    tally = internal_errors.Tally(log_first=2)
+    before = internal_errors.snapshot().get("tally_test", 0)
+    logged = [tally.add(RuntimeError(str(i)), "tally_test") for i in range(4)]
+    assert logged == [True, True, False, False]
+    assert tally.errors == 4
+    assert internal_errors.snapshot().get("tally_test", 0) - before == 4

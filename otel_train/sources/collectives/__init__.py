@@ -21,9 +21,8 @@ from typing import Any
 
 import torch
 
-from otel_train import collectives_math as cmath
+from otel_train import collectives_math, internal_errors, nccl, semconv, torch_compat
 from otel_train import config as config_mod
-from otel_train import internal_errors, nccl, semconv, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.export import collective_rows
 from otel_train.export.collective_rows import Spec as RowSpec
@@ -304,12 +303,17 @@ class Ledger:
         emitter.on_step(self._guarded(self.on_step))
         emitter.on_tick(self.tick)
         self.log = ctx.log
-        self.errors = 0
+        self._errors = internal_errors.Tally(log_first=3)
         mode = ctx.config.collective_spans
         #: "auto": own spans within the rank's budget, a step summarised past it
         self.budget = (collective_rows.SpanBudget(ctx.config.collective_span_rate)
                        if mode == "auto" else None)
         self.summary = mode == "summary"
+
+    @property
+    def errors(self) -> int:
+        """Exceptions of step listeners contained (the first three are logged)."""
+        return self._errors.errors
 
     def _guarded(self, listener: Any) -> Any:
         """A step listener that raises would cost the whole step its telemetry: contain it."""
@@ -317,9 +321,7 @@ class Ledger:
             try:
                 listener(info)
             except Exception as err:
-                internal_errors.count("collectives", err)
-                self.errors += 1
-                if self.errors <= 3:
+                if self._errors.add(err, "collectives"):
                     self.log.warning("otel_train.collectives_error", error=repr(err))
 
         return guarded
@@ -584,7 +586,7 @@ class Ledger:
         blocking = ([(c.issue, c.done or c.issue) for c in mine if not c.async_op]
                     + [(c.issue, hi) for c in late if not c.async_op])
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
-        exposed, total = cmath.exposed_and_total(comm, blocking, compute, lo, hi)
+        exposed, total = collectives_math.exposed_and_total(comm, blocking, compute, lo, hi)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:
@@ -601,7 +603,8 @@ class Ledger:
         if not mine:
             return
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
-        exposed, total = cmath.exposed_and_total(list(zip(issue, done)), [], compute, lo, hi)
+        exposed, total = collectives_math.exposed_and_total(list(zip(issue, done)), [], compute,
+                                                            lo, hi)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:

@@ -120,7 +120,7 @@ class Capture:
         self._hook_keys: dict[tuple[int, int], int] = {}
         self._undo: list[Callable[[], None]] = []
         self.enabled = True
-        self.errors = 0
+        self._errors = internal_errors.Tally()
         put_record = self._put
 
         def future_done(key: int, _future: Any) -> None:
@@ -129,6 +129,11 @@ class Capture:
         self._future_done = _outside_dynamo(future_done)
         #: group names whose records come from elsewhere (the NCCL flight recorder)
         self.skip_backends: set[str] = set()
+
+    @property
+    def errors(self) -> int:
+        """Exceptions swallowed while capturing (training went on)."""
+        return self._errors.errors
 
     # --- shared recording ------------------------------------------------------------
     def _group(self, group: Any, device: str) -> tuple[str, int, str]:
@@ -226,8 +231,7 @@ class Capture:
                                      arg(args, kwargs, size_pos, size_param), async_op,
                                      SOURCE_PYTHON)
             except Exception as err:
-                internal_errors.count("collectives", err)
-                capture.errors += 1
+                capture._errors.add(err, "collectives")
             local.busy = True
             try:
                 result = original(*args, **kwargs)
@@ -254,8 +258,7 @@ class Capture:
         try:
             fn(*args)
         except Exception as err:
-            internal_errors.count("collectives", err)
-            self.errors += 1
+            self._errors.add(err, "collectives")
 
     # --- ProcessGroup hooks (torch 2.14+) --------------------------------------------
     def hook_groups(self) -> int:
@@ -288,8 +291,7 @@ class Capture:
                 if key:
                     hook_keys[(gid, a.op_id)] = key
             except Exception as err:
-                internal_errors.count("collectives", err)
-                self.errors += 1
+                self._errors.add(err, "collectives")
 
         def post(a: Any) -> None:
             if not hook_keys:
@@ -303,8 +305,7 @@ class Capture:
                 else:
                     self._watch(key, a.work)
             except Exception as err:
-                internal_errors.count("collectives", err)
-                self.errors += 1
+                self._errors.add(err, "collectives")
 
         group.register_pre_hook(_HOOK_ID, _outside_dynamo(pre))
         try:
@@ -324,7 +325,7 @@ class Capture:
         for module in model.modules() if isinstance(model, torch.nn.Module) else ():
             if not isinstance(module, DDP):
                 continue
-            if getattr(module, "_comm_hooks", None) or _builtin_hook(module):
+            if torch_compat.ddp_comm_hook_registered(module):
                 log.info("otel_train.ddp_comm_hook_kept",
                          reason="a comm hook is registered already; its collectives are seen "
                                 "only if it calls torch.distributed functions")
@@ -346,15 +347,8 @@ class Capture:
         while self._undo:
             try:
                 self._undo.pop()()
-            except Exception:
-                self.errors += 1
-
-
-def _builtin_hook(module: Any) -> bool:
-    try:
-        return bool(module._get_ddp_logging_data().get("comm_hook"))
-    except Exception:
-        return False
+            except Exception as err:
+                self._errors.add(err)
 
 
 def otel_train_allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future:

@@ -57,12 +57,15 @@ def open_store(timeout_s: float) -> Any | None:
     default store itself; None without a default process group."""
     try:
         import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
 
         if not dist.is_available() or not dist.is_initialized():
             return None
-        store = c10d._get_default_store()
     except Exception:
+        return None
+    from otel_train import torch_compat
+
+    store = torch_compat.default_store()
+    if store is None:
         return None
     base = store
     while hasattr(base, "underlying_store"):
