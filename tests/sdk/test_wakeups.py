@@ -108,3 +108,34 @@ def test_the_sleeping_gap_sampler_names_a_slow_stretch_to_its_line(tmp_path):
     assert gap[semconv.ATTR_GAP_SAMPLES] >= 2, gap
     assert gap[semconv.ATTR_CODE_FUNCTION].startswith("slow_stretch"), gap
     assert gap[semconv.ATTR_CODE_FILE] == __file__, gap
+
+
+@pytest.mark.parametrize("at", [30, 61, 95])
+def test_a_short_host_stretch_on_short_steps_is_named_to_its_line(tmp_path, at):
+    """The CPU twin of tests/gpu/test_nccl_attribution.py's CPU straggler: 0.4 s of host work
+    between forward and backward in one step of a run of ~13 ms steps. At the default
+    gap_sample_s (200 ms) the sampler lands inside it wherever it falls (a 1 s default
+    missed it on the H200), and names the function and the file."""
+    model, opt = _model()
+    x = torch.randn(2, 4)
+    run_id = f"short-{at}"
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id=run_id):
+        for step in range(at + 40):
+            with torch.no_grad():
+                model(x)
+            time.sleep(0.012)  # inside no phase, short: the typical step
+            loss = model(x).sum()
+            if step == at:
+                slow_stretch(0.4)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    events = [otlp_files.attrs(e) for s in _rank_steps(tmp_path / run_id)
+              if s["attrs"][semconv.ATTR_STEP] == at
+              for e in s.get("events", []) if e["name"] == semconv.EVENT_GAP]
+    assert events, f"no gap event on step {at}"
+    gap = max(events, key=lambda e: e[semconv.ATTR_GAP_DURATION])
+    assert gap[semconv.ATTR_GAP_DURATION] >= 0.39, gap
+    assert gap[semconv.ATTR_GAP_SEGMENT] == "between forward and backward", gap
+    assert str(gap.get(semconv.ATTR_CODE_FUNCTION)).startswith("slow_stretch"), gap
+    assert gap[semconv.ATTR_CODE_FILE].endswith("test_wakeups.py"), gap
