@@ -417,14 +417,15 @@ class Emitter:
                 self.release_steps(final)
             except Exception as err:
                 self._held_steps.clear()
-                if self._errors.add(err) and self.console is not None:
+                # counted in otel_train.internal.errors{component=emitter} like a record's
+                if self._errors.add(err, "emitter") and self.console is not None:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind=STEP)
         for listener in self._tick_listeners:
             try:
                 listener()
             except Exception as err:
-                if self._errors.add(err) and self.console is not None:
+                if self._errors.add(err, "emitter") and self.console is not None:
                     self.console.warning("otel_train.emitter_error", error=repr(err),
                                          record_kind="tick")
         self.report_drops()
@@ -479,9 +480,11 @@ class Emitter:
                 sampled = True
             totals = {r[2] for r in phases}
             lost = step_rows.StepRecord(
-                step, start, end, micro_batches, samples, tokens, dict.fromkeys(totals, 0.0),
-                sampled, 0, 0, [None] * len(phases), {}, [], self.ident.run_id,
-                self.ident.rank, self.ident.world_size)
+                step=step, start_ns=start, end_ns=end, micro_batches=micro_batches,
+                samples=samples, tokens=tokens, phase_totals=dict.fromkeys(totals, 0.0),
+                sampled=sampled, trace_id=0, rank_step_span_id=0,
+                phases=[None] * len(phases), extra={}, links=[], run_id=self.ident.run_id,
+                rank=self.ident.rank, world_size=self.ident.world_size)
             for signal, n in zip((semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS,
                                   semconv.SIGNAL_LOGS), step_rows.lost(lost), strict=True):
                 self.pipeline.dropped[signal] += n
@@ -525,9 +528,12 @@ class Emitter:
                 info.phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
                                          p_start, p_end))
         self.pipeline.step(step_rows.StepRecord(
-            step, info.start_ns, info.end_ns, micro_batches, samples, tokens, totals, sampled,
-            trace_id, rank_ctx.span_id, phase_rows, info.extra_attributes, self._link_tuples,
-            ident.run_id, ident.rank, ident.world_size, info.events), self._step_instruments)
+            step=step, start_ns=info.start_ns, end_ns=info.end_ns,
+            micro_batches=micro_batches, samples=samples, tokens=tokens, phase_totals=totals,
+            sampled=sampled, trace_id=trace_id, rank_step_span_id=rank_ctx.span_id,
+            phases=phase_rows, extra=info.extra_attributes, links=self._link_tuples,
+            run_id=ident.run_id, rank=ident.rank, world_size=ident.world_size,
+            events=info.events), self._step_instruments)
         try:  # the step is handed over: what follows can fail without losing it
             self._after_step(info, duration_s, totals, samples, tokens)
         except Exception as err:

@@ -339,8 +339,13 @@ METRIC_GPU_IDLE = "training.gpu.idle"
 
 # --- metric definitions ------------------------------------------------------------------
 #: seconds, from a fast micro-step phase (5 ms) to a stalled collective (60 s: the
-#: TrainingCollectiveStalled alert reads the le="60" bucket); above 60 s only +Inf. Why ten
-#: boundaries (the per-rank series budget): otel_train/export/buckets.py
+#: TrainingCollectiveStalled alert reads the le="60" bucket); above 60 s only +Inf.
+#: Why ten: where histograms are exported exponential
+#: (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=base2_exponential_bucket_histogram,
+#: as the k8s jobs set it) Prometheus stores each as one native series and these are unused;
+#: elsewhere (a Prometheus without native histograms, the per-rank endpoint, the files) every
+#: attribute set costs len + 3 series, so 10 keep a rank's 10 histogram attribute sets at
+#: 10 x 13 + 15 = 145 series, inside the 150 of docs/scaling.md (23 boundaries made 273)
 SECONDS_BUCKETS = (0.005, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0)
 
 HISTOGRAM, COUNTER, GAUGE = "histogram", "counter", "gauge"

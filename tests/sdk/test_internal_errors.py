@@ -57,3 +57,24 @@ def test_a_tally_counts_every_error_and_logs_only_the_first_few() -> None:
     assert logged == [True, True, False, False]
     assert tally.errors == 4
     assert internal_errors.snapshot().get("tally_test", 0) - before == 4
+
+
+def test_a_failing_tick_listener_is_counted_as_the_emitter_s_and_exported(tmp_path) -> None:
+    """A source's tick listener that raises on the emitter thread: training and the emitter
+    go on, and the error is in otel_train.internal.errors{component=emitter}."""
+    model, opt, loader = training.setup(batches=3)
+    before = internal_errors.snapshot().get("emitter", 0)
+
+    def broken() -> None:
+        raise RuntimeError("a source's tick failed")
+
+    with otel_train.instrument(model, output_dir=tmp_path) as inst:
+        inst.emitter.on_tick(broken)
+        assert training.train(model, opt, loader) == 3
+    assert internal_errors.snapshot().get("emitter", 0) - before >= 1
+    points = [p for p in otlp_files.metric_points(otlp_files.only_run_dir(tmp_path),
+                                                  semconv.METRIC_INTERNAL_ERRORS)
+              if p["attrs"].get(semconv.ATTR_COMPONENT) == "emitter"]
+    assert points and int(points[-1]["asInt"]) >= 1
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    assert sum(s["name"] == semconv.SPAN_RANK_STEP for s in spans) == 3  # nothing else lost

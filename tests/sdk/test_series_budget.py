@@ -8,7 +8,7 @@ writes into a real Prometheus (remote-write receiver and native histograms on). 
 histograms (``OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION=
 base2_exponential_bucket_histogram``, as the k8s job examples set it) stored as native
 histograms; and the fallback where native histograms are not possible, explicit buckets
-(otel_train/export/buckets.py). Every series of the run is counted per rank, target_info
+(``semconv.SECONDS_BUCKETS``). Every series of the run is counted per rank, target_info
 included, via /api/v1/series.
 """
 
