@@ -87,12 +87,13 @@ _SIGNAL_OF_OP = {OP_SPAN: semconv.SIGNAL_SPANS, OP_LOG: semconv.SIGNAL_LOGS,
                  OP_MEASURE: semconv.SIGNAL_METRICS}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
-# The exporter must not import torch (seconds and hundreds of MB): load the package's
-# modules without running otel_train/__init__.py, which imports instrument.py and torch.
+# The exporter process runs this copy of otel_train (its directory first on the path,
+# whatever else is installed) and never imports torch: the package's names load lazily
+# (otel_train/__init__.py) and exporter_process.py imports nothing that needs it
+# (tests/sdk/test_exporter_process.py).
 _BOOT = (
-    "import sys, types\n"
-    "pkg = types.ModuleType('otel_train'); pkg.__path__ = [sys.argv[1]]\n"
-    "sys.modules['otel_train'] = pkg\n"
+    "import sys\n"
+    "sys.path.insert(0, sys.argv[1])\n"
     "from otel_train.export.exporter_process import main\n"
     "sys.exit(main(int(sys.argv[2])))\n"
 )
@@ -374,10 +375,10 @@ class RemotePipeline:
 
     def _start_exporter(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        package_dir = str(Path(__file__).resolve().parents[1])
+        root = str(Path(__file__).resolve().parents[2])  # the directory holding otel_train
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-c", _BOOT, package_dir, str(theirs.fileno())],
+                [sys.executable, "-c", _BOOT, root, str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True)
         except OSError as err:
             ours.close()
