@@ -366,8 +366,9 @@ class Emitter:
                 break
             self._wake.clear()
             self._wake_within_s = None
-            self.wakeups += 1
-            wait = self._next_wait(self.pump(), interval, fill)
+            drained = self.pump()
+            self.wakeups += 1  # after the pass: a reader that sees it sees the pass done
+            wait = self._next_wait(drained, interval, fill)
         self.pump(final=True)
         for _ in range(3):  # records the last pass itself produced (its own log lines)
             if not len(self.recorder):

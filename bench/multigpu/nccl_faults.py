@@ -63,7 +63,7 @@ def launch(ranks: int, out: Path, fault: str, steps: str, extra: dict[str, str])
     env = dict(os.environ, NCCL_SOCKET_IFNAME="lo", NCCL_IB_DISABLE="1", NCCL_NVLS_ENABLE="0",
                TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
                NCCL_PROFILER_PLUGIN=str(nccl.plugin_path()), OTEL_TRAIN_OUTPUT_DIR=str(out),
-               OTEL_TRAIN_CONSOLE_LOG_LEVEL="warning", FAULT=fault, FAULT_RANK=str(ranks - 1),
+               OTEL_TRAIN_LOG_LEVEL="warning", FAULT=fault, FAULT_RANK=str(ranks - 1),
                FAULT_STEPS=steps, PYTHONPATH=os.pathsep.join([str(REPO),
                                                               os.environ.get("PYTHONPATH", "")]))
     env.update(extra)

@@ -5,7 +5,7 @@ as plain tuples (:data:`Row`) with the step's context (:class:`Spec`), or on the
 thread when export runs in process. The training process's emitter pays for the tuples, not
 for each collective's attribute dict, span and points (building them costs ~25 us a
 collective, docs/overhead.md). Every source of collectives ends here: the gloo wrappers and
-process-group hooks and NCCL's flight recorder (``sources/collectives/__init__.py``) and otel-train's
+process-group hooks and NCCL's flight recorder (``sources/collectives/ledger.py``) and otel-train's
 NCCL profiler plugin (``nccl/rows.py`` turns its records into rows). No torch here.
 
 Policy (docs/collectives.md): every collective records its duration and size; in a sampled

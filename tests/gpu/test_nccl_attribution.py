@@ -53,7 +53,7 @@ def nccl_env(out: Path, fault: str, fault_rank: int, steps: str, **extra: str) -
         "NCCL_SOCKET_IFNAME": "lo", "NCCL_IB_DISABLE": "1", "NCCL_NVLS_ENABLE": "0",
         "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1",
         "NCCL_PROFILER_PLUGIN": str(nccl.plugin_path()),
-        "OTEL_TRAIN_OUTPUT_DIR": str(out), "OTEL_TRAIN_CONSOLE_LOG_LEVEL": "warning",
+        "OTEL_TRAIN_OUTPUT_DIR": str(out), "OTEL_TRAIN_LOG_LEVEL": "warning",
         "FAULT": fault, "FAULT_RANK": str(fault_rank), "FAULT_STEPS": steps,
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
     })

@@ -28,7 +28,7 @@ def run_failing(tmp_path: Path, fail: str) -> Path:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OTEL_", "TORCHELASTIC_")) and k != "TRACEPARENT"}
     env.update(PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]), FAIL=fail,
-               FAIL_RANK="1", FAIL_STEP="5", OTEL_TRAIN_CONSOLE_LOG_LEVEL="error",
+               FAIL_RANK="1", FAIL_STEP="5", OTEL_TRAIN_LOG_LEVEL="error",
                # a loaded 2-core machine must not cut the failing rank's last flush (its run
                # span says how it ended): what is under test is the report, not the bound
                OTEL_TRAIN_SHUTDOWN_TIMEOUT_S="30")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import time
 from pathlib import Path
 
 from otel_train import emitter as emitter_mod
@@ -77,10 +78,18 @@ def test_registrations_hand_back_removers(tmp_path) -> None:
             model(torch.randn(2, 4)).sum().backward()
             opt.step()
 
-    # an hour between drains: nothing is drained before leaving, when the last pump runs
+    # an hour between drains: nothing more is drained before leaving, when the last pump runs
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, exporter="none",
                                emit_interval_s=3600) as inst:
         host, tracker = inst.emitter, inst.tracker
+        # the emitter drains once for the set-up's records (its first record wakes it; the
+        # count goes up once that pass is over), then sleeps the hour: its wake on a later
+        # record is taken away so that it stays asleep
+        deadline = time.monotonic() + 30
+        while host.wakeups < 1:
+            assert time.monotonic() < deadline, "the emitter never drained the set-up"
+            time.sleep(0.01)
+        inst.recorder.wake = None
         for kept in (True, False):
             tag = "kept" if kept else "removed"
             removers = [host.before_step(counter(f"before {tag}")),
