@@ -6,7 +6,7 @@ default) through :class:`otel_train.export.remote.RemotePipeline` exactly as the
 sends them with otel-train's NCCL profiler plugin as the source (the default on NCCL): a
 step's records as the 64 bytes the plugin wrote and the step's context, one batch a second
 (the emitter's drain), every step sampled (the default sampler), the span policy decided by
-the collectives source's own code (:class:`~otel_train.export.collective_rows.SpanBudget`
+the collectives source's own code (:class:`~otel_train.wire.collectives.SpanBudget`
 in ``auto`` mode). Per span-policy arm it reports:
 
 - the exporter process's throughput: collectives a second from the first send until it has
@@ -45,11 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from otel_train import config as config_mod  # noqa: E402
 from otel_train import semconv  # noqa: E402
 from otel_train.analysis import otlp  # noqa: E402
-from otel_train.export import collective_rows  # noqa: E402
 from otel_train.export.remote import RemotePipeline  # noqa: E402
 from otel_train.identity import Identity  # noqa: E402
 from otel_train.nccl import RECORD  # noqa: E402
-from otel_train.nccl import rows as nccl_rows  # noqa: E402
+from otel_train.wire import collectives as collective_rows  # noqa: E402
+from otel_train.wire import nccl as nccl_rows  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead_stats as stats  # noqa: E402
@@ -106,8 +106,6 @@ def run_arm(mode: str, seconds: float, per_step: int, step_rate: float,
     ident = Identity("bench", 0, 0, 1, platform.node(), os.getpid())
     run_dir = tmp / mode / "run"
     pipeline = RemotePipeline(cfg, ident, run_dir)
-    duration = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_DURATION).record
-    size = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_SIZE).add
     budget = collective_rows.SpanBudget(cfg.collective_span_rate) if mode == "auto" else None
     step_ns = int(1e9 / step_rate)
     steps = int(seconds * step_rate)
@@ -128,7 +126,7 @@ def run_arm(mode: str, seconds: float, per_step: int, step_rate: float,
         spec = nccl_rows.StepSpec(
             s, True, summary, (s + 1, 1, 1, False),
             [((s + 1, 2, 1, False), epoch + s * step_ns, end_ns)], epoch, base, groups, {})
-        pipeline.collectives(spec, records[s], duration, size)
+        pipeline.collectives(spec, records[s])
         if s % per_batch == per_batch - 1:
             pipeline.commit()
     pipeline.commit()

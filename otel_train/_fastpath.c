@@ -739,12 +739,38 @@ static PyTypeObject NextTimedType = {
 };
 
 /* ---- the module ------------------------------------------------------------------------ */
+/* The records this file builds (record_step, end_phase), field by field: configure() is
+   handed wire/hot_path.py's layouts and refuses any other, so a change there cannot pass
+   unseen (tracker.py then runs the Python tracker). */
+static const char* PHASE_LAYOUT[] = {"kind", "step", "phase", "micro", "start_ns", "end_ns",
+                                     "span_id", NULL};
+static const char* STEP_LAYOUT[] = {"kind", "step", "start_ns", "end_ns", "micro_batches",
+                                    "samples", "tokens", NULL};
+
+static int check_layout(PyObject* given, const char** built, const char* what) {
+  Py_ssize_t n = 0;
+  while (built[n] != NULL) n++;
+  int same = PyTuple_Check(given) && PyTuple_GET_SIZE(given) == n;
+  for (Py_ssize_t i = 0; same && i < n; i++) {
+    PyObject* name = PyTuple_GET_ITEM(given, i);
+    same = PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, built[i]) == 0;
+  }
+  if (!same) {
+    PyErr_Format(PyExc_ValueError,
+                 "the C tracker builds %s records of %zd fields other than %R", what, n, given);
+    return -1;
+  }
+  return 0;
+}
+
 static PyObject* configure(PyObject* module, PyObject* args, PyObject* kwds) {
   static char* names[] = {"phase_record", "step_record", "data_wait", "forward", "optimizer",
-                          NULL};
-  PyObject *kp, *ks, *dw, *fw, *op;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "UUUUU:configure", names, &kp, &ks, &dw, &fw,
-                                   &op))
+                          "phase_fields", "step_fields", NULL};
+  PyObject *kp, *ks, *dw, *fw, *op, *pf, *sf;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "UUUUUO!O!:configure", names, &kp, &ks, &dw,
+                                   &fw, &op, &PyTuple_Type, &pf, &PyTuple_Type, &sf))
+    return NULL;
+  if (check_layout(pf, PHASE_LAYOUT, "phase") < 0 || check_layout(sf, STEP_LAYOUT, "step") < 0)
     return NULL;
   set_obj(&K_PHASE, kp);
   set_obj(&K_STEP, ks);
@@ -756,8 +782,9 @@ static PyObject* configure(PyObject* module, PyObject* args, PyObject* kwds) {
 
 static PyMethodDef module_methods[] = {
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
-     "configure(phase_record, step_record, data_wait, forward, optimizer): the record kinds "
-     "and phase names (tracker.py calls it once at import)."},
+     "configure(phase_record, step_record, data_wait, forward, optimizer, phase_fields, "
+     "step_fields): the record kinds, phase names and record layouts (wire/hot_path.py; "
+     "tracker.py calls it once at import)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -644,6 +644,14 @@ def sdk_disabled(env: Mapping[str, str] | None = None) -> bool:
     return env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
 
 
+def choose_exporter(cfg: Config) -> str:
+    """The run's exporter kind: the configured one, or for ``auto`` OTLP where an endpoint is
+    configured and files otherwise."""
+    if cfg.exporter != "auto":
+        return cfg.exporter
+    return "otlp" if otlp_endpoint_configured() else "file"
+
+
 def otlp_endpoint_configured(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return any(

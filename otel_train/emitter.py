@@ -1,10 +1,11 @@
 """The background thread: records from the hot path become steps, rows and log records.
 
-Off the training thread, the emitter puts the hot path's records together: a step's phases,
-its sources' additions (GPU times, memory, throttling, exposed communication), its
-collectives. What leaves it is plain values: one ``StepRecord`` per step
-(export/step_rows.py), the step's collectives as rows (export/collective_rows.py), log
-records and metric points with the ids the training thread stamped. The spans, points and log
+Off the training thread, the emitter puts the hot path's records (``wire/hot_path.py``)
+together: a step's phases, its sources' additions (GPU times, memory, throttling, exposed
+communication), its collectives. What leaves it is plain values: one ``StepRecord`` per step
+(``wire/step.py``: built once, given to the sources' step listeners, then handed on), the
+step's collectives as rows (``wire/collectives.py``), log records and metric points with the
+ids the training thread stamped. The spans, points and log
 records themselves (explicit times, preset ids, exemplars in the step's span context) are made
 where spans are built: the exporter process by default, else the Pipeline on this thread.
 Anything that goes wrong here is logged and counted, never raised.
@@ -13,13 +14,12 @@ Anything that goes wrong here is logged and counted, never raised.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -29,12 +29,16 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import identity, internal_errors, redact, semconv
 from otel_train.config import Config
-from otel_train.export import step_rows
 from otel_train.export.prometheus import PrometheusEndpoint
-from otel_train.export.providers import Pipeline
-from otel_train.export.remote import ctx_tuple
 from otel_train.identity import Identity
-from otel_train.recorder import EVENT, LOG, PHASE, STEP, Recorder
+from otel_train.recorder import Recorder
+from otel_train.wire import ctx_tuple
+from otel_train.wire import step as wire_step
+from otel_train.wire.hot_path import EVENT, LOG, PHASE, STEP
+from otel_train.wire.step import StepRecord
+
+if TYPE_CHECKING:
+    from otel_train.exporter.providers import Pipeline
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_INT = int(_SAMPLED)
@@ -54,42 +58,6 @@ def _debug_enabled(console: Any) -> bool:
         return bool(check(logging.DEBUG)) if check is not None else True
     except Exception:
         return True
-
-
-@dataclasses.dataclass
-class StepInfo:
-    """One rank's finished step, as the emitter saw it; given to step listeners."""
-
-    step: int
-    start_ns: int  # wall clock (epoch) ns
-    end_ns: int
-    micro_batches: int
-    samples: int
-    tokens: int
-    phase_totals: dict[str, float]  # seconds
-    sampled: bool
-    trace_id: int
-    rank_step_context: SpanContext
-    #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end),
-    #: ctx as ``remote.ctx_tuple`` gives it (trace id, span id, flags, remote): what the
-    #: collectives' rows carry, without a SpanContext made and taken apart per phase
-    phase_spans: list[tuple[str, int, tuple[int, int, int, bool], int, int]]
-    #: phase intervals on the training thread's perf_counter clock: (phase, micro, start, end)
-    phase_intervals: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
-    #: extra attributes for the train.rank_step span, set by pre-step listeners
-    extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: changes to phase spans by span id, set by pre-step listeners: any of ``start_ns``,
-    #: ``end_ns`` (wall clock, e.g. GPU-timed), ``attributes`` (added), ``error`` (status)
-    phase_overrides: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    #: the metric points' exemplar context, made once (Emitter.exemplar_context)
-    exemplar: Any = None
-    #: events for the train.rank_step span as (name, epoch ns, attributes), set by pre-step
-    #: listeners (sources/gaps.py)
-    events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
-    #: (host end, GPU end) of each GPU-timed phase, wall-clock ns, in order; None where the
-    #: step's GPU times are not known (a CPU run, events unresolved): set by
-    #: sources/gpu/cuda_timing.py, read by sources/gaps.py
-    gpu_ends: list[tuple[int, int]] | None = None
 
 
 def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
@@ -196,8 +164,8 @@ class Emitter:
         self._handlers: dict[str, Callable[[Any], None]] = {}
         # tuples, replaced whole by a registration or its remover: the emitter thread
         # iterates the one it found, whatever another thread adds or removes meanwhile
-        self._step_listeners: tuple[Callable[[StepInfo], None], ...] = ()
-        self._pre_step_listeners: tuple[Callable[[StepInfo], None], ...] = ()
+        self._step_listeners: tuple[Callable[[StepRecord], None], ...] = ()
+        self._pre_step_listeners: tuple[Callable[[StepRecord], None], ...] = ()
         self._tick_listeners: tuple[Callable[[], None], ...] = ()
         self._step_gates: list[Callable[[int, int], bool]] = []
         self._held_steps: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -221,16 +189,12 @@ class Emitter:
         self._link_tuples = [ctx_tuple(link.context) for link in self._links()]
         self._console_debug = console is not None and _debug_enabled(console)
         self._make_instruments()
-        self._step_instruments = (self.step_hist.record, self.phase_hist.record,
-                                  self.samples_ctr.add, self.tokens_ctr.add)
 
     # --- instruments -----------------------------------------------------------------
     def _make_instruments(self) -> None:
+        # a step's and its collectives' instruments are made where they become telemetry
+        # (wire/step.py names them); these are the emitter's own
         meter = self.pipeline.meter
-        self.step_hist = semconv.create(meter, semconv.METRIC_STEP_DURATION)
-        self.phase_hist = semconv.create(meter, semconv.METRIC_PHASE_DURATION)
-        self.samples_ctr = semconv.create(meter, semconv.METRIC_SAMPLES)
-        self.tokens_ctr = semconv.create(meter, semconv.METRIC_TOKENS)
         self.dropped_ctr = semconv.create(meter, semconv.METRIC_TELEMETRY_DROPPED)
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero point for each signal, so "nothing dropped" is a fact, not a gap
@@ -254,12 +218,12 @@ class Emitter:
 
         return remove
 
-    def on_step(self, listener: Callable[[StepInfo], None]) -> Remover:
+    def on_step(self, listener: Callable[[StepRecord], None]) -> Remover:
         """Called with each finished step, after its spans are built and its metrics recorded:
         child spans go under ``info.phase_spans`` / ``info.rank_step_context`` from here."""
         return self._add("_step_listeners", listener)
 
-    def before_step(self, listener: Callable[[StepInfo], None]) -> Remover:
+    def before_step(self, listener: Callable[[StepRecord], None]) -> Remover:
         """Called with each finished step before its spans and metrics: may add to
         ``info.phase_totals`` (e.g. exposed_comm, compile), ``info.extra_attributes`` and
         ``info.events``."""
@@ -458,7 +422,7 @@ class Emitter:
     def wall(self, perf_ns: int) -> int:
         return perf_ns + self.offset
 
-    def _call_listener(self, listener: Callable[[StepInfo], None], info: StepInfo) -> None:
+    def _call_listener(self, listener: Callable[[StepRecord], None], info: StepRecord) -> None:
         """A source's step listener: one that raises loses its own part, not the step."""
         try:
             listener(info)
@@ -480,14 +444,14 @@ class Emitter:
             except Exception:
                 sampled = True
             totals = {r[2] for r in phases}
-            lost = step_rows.StepRecord(
-                step=step, start_ns=start, end_ns=end, micro_batches=micro_batches,
-                samples=samples, tokens=tokens, phase_totals=dict.fromkeys(totals, 0.0),
-                sampled=sampled, trace_id=0, rank_step_span_id=0,
-                phases=[None] * len(phases), extra={}, links=[], run_id=self.ident.run_id,
-                rank=self.ident.rank, world_size=self.ident.world_size)
+            lost = StepRecord(
+                run_id=self.ident.run_id, rank=self.ident.rank,
+                world_size=self.ident.world_size, step=step, start_ns=start, end_ns=end,
+                micro_batches=micro_batches, samples=samples, tokens=tokens,
+                phase_totals=dict.fromkeys(totals, 0.0), sampled=sampled, trace_id=0,
+                rank_step_span_id=0, phases=[None] * len(phases))  # type: ignore[list-item]
             for signal, n in zip((semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS,
-                                  semconv.SIGNAL_LOGS), step_rows.lost(lost), strict=True):
+                                  semconv.SIGNAL_LOGS), wire_step.lost(lost), strict=True):
                 self.pipeline.dropped[signal] += n
             raise
 
@@ -505,15 +469,19 @@ class Emitter:
         sampled = self.sampled(trace_id)
         rank_ctx = SpanContext(trace_id, identity.rank_step_span_id(ident.run_id, step, ident.rank),
                                is_remote=False, trace_flags=_SAMPLED if sampled else TraceFlags(0))
-        info = StepInfo(step, self.wall(start), self.wall(end), micro_batches, samples, tokens,
-                        totals, sampled, trace_id, rank_ctx, [],
-                        [(r[2], r[3], r[4], r[5]) for r in phases])
+        info = StepRecord(
+            run_id=ident.run_id, rank=ident.rank, world_size=ident.world_size, step=step,
+            start_ns=self.wall(start), end_ns=self.wall(end), micro_batches=micro_batches,
+            samples=samples, tokens=tokens, phase_totals=totals, sampled=sampled,
+            trace_id=trace_id, rank_step_span_id=rank_ctx.span_id, links=self._link_tuples,
+            rank_step_context=rank_ctx,
+            phase_intervals=[(r[2], r[3], r[4], r[5]) for r in phases])
         for listener in self._pre_step_listeners:
             self._call_listener(listener, info)
         # The step's spans, log and points are made where spans are built (the exporter
-        # process by default: export/step_rows.py); here only their plain values.
-        phase_rows = []
+        # process by default: wire/step.py); here only their plain values.
         if sampled:
+            phase_rows, phase_spans = info.phases, info.phase_spans
             overrides, offset = info.phase_overrides, self.offset
             for _, _, phase, micro, p_start, p_end, span_id in phases:
                 if not span_id:  # nobody asked for it on the training thread (tracker.py)
@@ -526,21 +494,15 @@ class Emitter:
                     p_end = over.get("end_ns", p_end + offset)
                     added, error = over.get("attributes"), over.get("error")
                 phase_rows.append((phase, micro, p_start, p_end, span_id, added, error))
-                info.phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
-                                         p_start, p_end))
-        self.pipeline.step(step_rows.StepRecord(
-            step=step, start_ns=info.start_ns, end_ns=info.end_ns,
-            micro_batches=micro_batches, samples=samples, tokens=tokens, phase_totals=totals,
-            sampled=sampled, trace_id=trace_id, rank_step_span_id=rank_ctx.span_id,
-            phases=phase_rows, extra=info.extra_attributes, links=self._link_tuples,
-            run_id=ident.run_id, rank=ident.rank, world_size=ident.world_size,
-            events=info.events), self._step_instruments)
+                phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
+                                    p_start, p_end))
+        self.pipeline.step(info)
         try:  # the step is handed over: what follows can fail without losing it
             self._after_step(info, duration_s, totals, samples, tokens)
         except Exception as err:
             self._errors.add(err, "emitter")
 
-    def _after_step(self, info: StepInfo, duration_s: float, totals: dict[str, float],
+    def _after_step(self, info: StepRecord, duration_s: float, totals: dict[str, float],
                     samples: int, tokens: int) -> None:
         step, trace_id, sampled, rank_ctx = (info.step, info.trace_id, info.sampled,
                                              info.rank_step_context)
@@ -572,11 +534,10 @@ class Emitter:
                                   trace_id, [link.context for link in links or ()], error,
                                   events or ())
 
-    def collectives(self, spec: Any, rows: list[tuple[int, ...]], duration: Any,
-                    size: Any) -> None:
+    def collectives(self, spec: Any, rows: list[tuple[Any, ...]] | bytes) -> None:
         """A step's collectives (rows, or the NCCL plugin's records): spans and points are made
         where spans are built."""
-        self.pipeline.collectives(spec, rows, duration, size)
+        self.pipeline.collectives(spec, rows)
 
     def step_at(self, perf_ns: int) -> int:
         """The training step a moment (perf_counter ns) belonged to: the first step that ended
@@ -594,7 +555,7 @@ class Emitter:
             found = step
         return found
 
-    def exemplar_context(self, info: StepInfo) -> otel_context.Context | None:
+    def exemplar_context(self, info: StepRecord) -> otel_context.Context | None:
         """The context that binds a step's metric points to its span (made once a step:
         building an OpenTelemetry Context cost ~5 us, and every collective asks)."""
         if not info.sampled:

@@ -22,8 +22,8 @@ from otel_train import identity, redact, semconv, sources
 from otel_train.config import Config, ConfigWarning
 from otel_train.emitter import Emitter
 from otel_train.export.prometheus import PrometheusEndpoint
-from otel_train.export.providers import Pipeline, choose_exporter
 from otel_train.export.remote import ExporterUnavailable, RemotePipeline
+from otel_train.exporter.providers import Pipeline
 from otel_train.identity import Identity
 from otel_train.log_capture import LogCapture, LogContext, internal_logger
 from otel_train.recorder import EVENT, Recorder
@@ -176,7 +176,7 @@ class Instrumentation:
         offset = time.time_ns() - time.perf_counter_ns()
         ident = self.identity = identity.resolve(cfg.run_id)
         redact.load_env_secrets()  # the secret values to mask, read once a run
-        if choose_exporter(cfg) == "file":
+        if config_mod.choose_exporter(cfg) == "file":
             self.run_dir = cfg.output_dir / ident.run_id
         self.recorder = Recorder(cfg.queue_size)
         self.tracker = tracker_class(cfg.fastpath)(self.recorder, ident.run_id, ident.rank,

@@ -21,18 +21,11 @@ from typing import Any
 
 from otel_train import semconv
 
-# Record kinds: the first element of every record tuple.
-PHASE = "phase"  # (PHASE, step, phase, micro, start_ns, end_ns, span_id)
-STEP = "step"  # (STEP, step, start_ns, end_ns, micro_batches, samples, tokens)
-LOG = "log"  # (LOG, time_ns, level, event, fields, scope): the ids ride in fields (log_capture.py)
-EVENT = "event"  # (EVENT, source, payload): records of the sources/ modules
+# the record kinds (wire/hot_path.py says what their fields are), for the sources
+from otel_train.wire.hot_path import EVENT, LOG, PHASE, STEP
+from otel_train.wire.hot_path import SIGNAL_OF_KIND as _SIGNAL_OF_KIND
 
-_SIGNAL_OF_KIND = {
-    PHASE: semconv.SIGNAL_SPANS,
-    STEP: semconv.SIGNAL_SPANS,
-    LOG: semconv.SIGNAL_LOGS,
-    EVENT: semconv.SIGNAL_SPANS,
-}
+__all__ = ["EVENT", "LOG", "PHASE", "STEP", "Recorder"]
 
 
 class Recorder:

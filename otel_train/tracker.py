@@ -46,7 +46,8 @@ from typing import Any
 import torch
 
 from otel_train import identity, internal_errors, semconv, torch_compat
-from otel_train.recorder import PHASE, STEP, Recorder
+from otel_train.recorder import Recorder
+from otel_train.wire.hot_path import PHASE, PHASE_FIELDS, STEP, STEP_FIELDS
 
 try:  # the hot path in C, built at install time where a C compiler was found
     from otel_train import _fastpath
@@ -358,9 +359,27 @@ class PyStepTracker(StepTracker, _PyTrackerCore):
     __slots__ = _OWN_SLOTS
 
 
+def _configure_fastpath() -> Any:
+    """The C tracker, told the record kinds and phase names; None (with a warning) where
+    the built extension builds records of another layout than wire/hot_path.py's (a build
+    older than this source)."""
+    if _fastpath is None:
+        return None
+    try:
+        _fastpath.configure(phase_record=PHASE, step_record=STEP, data_wait=DATA_WAIT,
+                            forward=FORWARD, optimizer=OPTIMIZER, phase_fields=PHASE_FIELDS,
+                            step_fields=STEP_FIELDS)
+    except (TypeError, ValueError) as err:
+        warnings.warn(f"otel-train: the C step tracker does not match this version ({err}); "
+                      "the Python tracker runs instead (rebuild the package to get it back)",
+                      RuntimeWarning, stacklevel=2)
+        return None
+    return _fastpath
+
+
+_fastpath = _configure_fastpath()
+
 if _fastpath is not None:
-    _fastpath.configure(phase_record=PHASE, step_record=STEP, data_wait=DATA_WAIT,
-                        forward=FORWARD, optimizer=OPTIMIZER)
 
     class CStepTracker(StepTracker, _fastpath.TrackerCore):
         """A step tracker whose hot path runs in C (otel_train/_fastpath.c)."""

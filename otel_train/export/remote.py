@@ -4,12 +4,12 @@ Building OpenTelemetry spans, metric points and log records, encoding OTLP and e
 cost ~100-200 us of interpreter time per span; on a thread of the training process that
 time is taken from the training thread, which waits for the GIL (docs/overhead.md). So the
 emitter hands what it would have built to :class:`RemotePipeline` as tuples of ints,
-strings and attribute dicts, and one exporter process per rank (``exporter_process.py``,
+strings and attribute dicts, and one exporter process per rank (``exporter/process.py``,
 started the way CUDA programs must start children: a fresh interpreter, never a fork)
-builds and exports them with the ordinary :class:`~otel_train.export.providers.Pipeline`.
+builds and exports them with the ordinary :class:`~otel_train.exporter.providers.Pipeline`.
 
-The wire: one AF_UNIX stream socket; each message a little-endian u64 length and a pickled
-list of operations. The emitter thread sends a batch after each drain: a blocking send,
+The socket, its frames, the operations and the exporter's replies are ``wire/messages.py``'s.
+The emitter thread sends a batch after each drain: a blocking send,
 which releases the GIL while it waits, so a slow exporter slows the emitter (whose
 bounded buffer then drops and counts) and never the training thread. An exporter that
 dies is restarted (at most ``MAX_RESTARTS`` times; every loss is warned about and counted
@@ -31,7 +31,6 @@ import os
 import pickle
 import random
 import socket
-import struct
 import subprocess
 import sys
 import threading
@@ -46,208 +45,50 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_train import semconv
-from otel_train.config import Config, ConfigWarning
-from otel_train.export import collective_rows, step_rows
-from otel_train.export.providers import SIGNALS, choose_exporter, series_key
+from otel_train.config import Config, ConfigWarning, choose_exporter
 from otel_train.identity import Identity
-
-# operations: the first element says what the rest is
-OP_SPAN = "S"  # (S, name, parent, start, end, attrs, span_id, trace_id, links, error, events)
-OP_LOG = "L"  # (L, time, observed, parent, severity, severity_text, body, attrs, scope)
-OP_INSTRUMENT = "I"  # (I, id, metric name): the exporter makes semconv.METRICS[name]
-OP_MEASURE = "M"  # (M, id, value, attrs, exemplar parent or None)
-OP_COLLECTIVES = "C"  # (C, step spec, rows, duration id, size id): collective_rows.py, or
-#                       the NCCL plugin's records with nccl/rows.py's spec
-OP_STEP = "T"  # (T, step_rows.StepRecord, step, phase, samples, tokens instrument ids)
-OP_SHUTDOWN = "X"  # (X, timeout_s): flush, reply (dropped, flushed), exit
-# replies of the exporter process (pickled, length-prefixed the same way)
-REPLY_READY = "ready"  # (ready, exporter kind, [warning texts])
-REPLY_DONE = "done"  # (done, {signal: dropped}, flushed, accounts, batches applied)
-#: (drops, {signal: dropped so far}, accounts, batches applied): after every batch, and when
-#: the counts change; accounts: providers.Accounts.snapshot()
-REPLY_DROPS = "drops"
-#: (series, frozenset of providers.series_key): the series the exporter's next metric
-#: collection will carry, sent when they change; one point each is what its loss costs
-REPLY_SERIES = "series"
+from otel_train.wire import ctx_tuple
+from otel_train.wire import step as wire_step
+from otel_train.wire.messages import (
+    OP_COLLECTIVES,
+    OP_INSTRUMENT,
+    OP_LOG,
+    OP_MEASURE,
+    OP_SHUTDOWN,
+    OP_SPAN,
+    OP_STEP,
+    REPLY_DONE,
+    REPLY_DROPS,
+    REPLY_READY,
+    REPLY_SERIES,
+    SIGNALS,
+    Inbox,
+    count_lost,
+    recv_message,
+    send_message,
+)
 
 MAX_RESTARTS = 3
 READY_TIMEOUT_S = 60.0
 #: how often the emitter reads the exporter's replies (acknowledgements, drop reports):
 #: reading them after every batch cost a system call, an exception and an unpickled report
-#: per drain (~20 us a rank-step); they are counts, so the latest one is all that matters,
-#: and a lost exporter's replies are read before its losses are settled
+#: per drain; they are counts, so the latest one is all that matters, and a lost exporter's
+#: replies are read before its losses are settled
 REPLY_POLL_S = 0.5
 #: unacknowledged batches past which the replies are read at once (bounds what they hold)
 REPLY_POLL_BATCHES = 32
-_HEADER = struct.Struct("<Q")
-#: set in a frame's length header: a frame the poll keeps even when later ones arrived with
-#: it (the pending series are sent only when they change: skipping one would lose them)
-_KEPT = 1 << 63
-_SIGNAL_OF_OP = {OP_SPAN: semconv.SIGNAL_SPANS, OP_LOG: semconv.SIGNAL_LOGS,
-                 OP_MEASURE: semconv.SIGNAL_METRICS}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 # The exporter process runs this copy of otel_train (its directory first on the path,
 # whatever else is installed) and never imports torch: the package's names load lazily
-# (otel_train/__init__.py) and exporter_process.py imports nothing that needs it
+# (otel_train/__init__.py) and exporter/process.py imports nothing that needs it
 # (tests/sdk/test_exporter_process.py).
 _BOOT = (
     "import sys\n"
     "sys.path.insert(0, sys.argv[1])\n"
-    "from otel_train.export.exporter_process import main\n"
+    "from otel_train.exporter.process import main\n"
     "sys.exit(main(int(sys.argv[2])))\n"
 )
-
-
-def count_lost(op: tuple[Any, ...], dropped: collections.Counter[str],
-               series: set[tuple[str, frozenset[Any]]], names: dict[int, str]) -> None:
-    """Count an operation that will never be applied: its spans and log records into
-    ``dropped``, and the metric series it would have measured into ``series`` (``names``:
-    instrument id -> metric name). Metrics are counted in data points, as they are exported:
-    a lost measurement costs a point only where no other measurement makes its series' point
-    in the same collection, so the caller counts the series, not the measurements."""
-    kind = op[0]
-    signal = _SIGNAL_OF_OP.get(kind)
-    if kind == OP_MEASURE:
-        series.add(series_key(names.get(op[1], str(op[1])), op[3]))
-    elif signal is not None:
-        dropped[signal] += 1
-    elif kind == OP_COLLECTIVES:  # what the expansion would have made, exactly
-        dropped[semconv.SIGNAL_SPANS] += _expand_lost(op, series, names)
-    elif kind == OP_STEP:
-        spans, _, logs = step_rows.lost(op[1])
-        dropped[semconv.SIGNAL_SPANS] += spans
-        dropped[semconv.SIGNAL_LOGS] += logs
-        step_rows.emit(op[1], _nothing, _nothing,
-                       *(_series_of(series, names.get(i, str(i))) for i in op[2:]))
-
-
-def _nothing(*args: Any, **kwargs: Any) -> None:
-    return None
-
-
-def _series_of(series: set[tuple[str, frozenset[Any]]], name: str) -> Callable[..., None]:
-    """An instrument's ``record``/``add`` that notes the series it would have measured."""
-    def measure(value: float, attributes: Any = None, **kwargs: Any) -> None:
-        series.add(series_key(name, attributes))
-
-    return measure
-
-
-def _expand_lost(op: tuple[Any, ...], series: set[tuple[str, frozenset[Any]]],
-                 names: dict[int, str]) -> int:
-    """The spans a lost OP_COLLECTIVES would have made; its series into ``series``."""
-    _, spec, rows, duration_id, size_id = op
-    spans = [0]
-
-    def one_span(*args: Any, **kwargs: Any) -> None:
-        spans[0] += 1
-
-    duration = _series_of(series, names.get(duration_id, semconv.METRIC_COLLECTIVE_DURATION))
-    size = _series_of(series, names.get(size_id, semconv.METRIC_COLLECTIVE_SIZE))
-    if isinstance(spec, collective_rows.Spec):
-        collective_rows.expand(spec, rows, one_span, duration, size)
-    else:
-        from otel_train.nccl import rows as nccl_rows
-
-        nccl_rows.expand(spec, rows, one_span, duration, size)
-    return spans[0]
-
-
-def ctx_tuple(ctx: SpanContext | None) -> tuple[int, int, int, bool] | None:
-    """A span context as a plain tuple (pickles small and fast); None stays None."""
-    if ctx is None:
-        return None
-    return (ctx.trace_id, ctx.span_id, int(ctx.trace_flags), ctx.is_remote)
-
-
-def encode(obj: Any, kept: bool = False) -> bytes:
-    """One frame: the length header (marked if ``kept``: see _KEPT) and the pickle."""
-    data = pickle.dumps(obj, protocol=5)
-    return _HEADER.pack(len(data) | (_KEPT if kept else 0)) + data
-
-
-def send_message(sock: socket.socket, obj: Any) -> None:
-    sock.sendall(encode(obj))
-
-
-def recv_message(sock: socket.socket) -> Any:
-    """One message, or raises EOFError when the other side has closed."""
-    header = _recv_exactly(sock, _HEADER.size)
-    return pickle.loads(_recv_exactly(sock, _HEADER.unpack(header)[0] & ~_KEPT))
-
-
-class _Inbox:
-    """Replies of the exporter, read without waiting (each drain) or with a bound (at
-    shutdown); whole frames only."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def poll(self, sock: socket.socket) -> list[Any]:
-        """The latest of what has arrived, without blocking: every reply carries absolute
-        counts and the batches applied so far, so the last one says all the others do; and
-        the latest kept frame (the pending series), which later ones do not repeat."""
-        while True:
-            try:
-                chunk = sock.recv(65536, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                break
-            if not chunk:
-                break  # closed: the next send finds out and counts
-            self._buf += chunk
-        return self._frames(latest_only=True)
-
-    def wait(self, sock: socket.socket, timeout_s: float) -> list[Any]:
-        """At least one frame, or [] once ``timeout_s`` has passed or the socket closed."""
-        deadline = time.monotonic() + timeout_s
-        frames = self._frames()
-        while not frames:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return []
-            sock.settimeout(left)
-            try:
-                chunk = sock.recv(65536)
-            except (TimeoutError, OSError):
-                return []
-            finally:
-                sock.settimeout(None)
-            if not chunk:
-                return []
-            self._buf += chunk
-            frames = self._frames()
-        return frames
-
-    def _frames(self, latest_only: bool = False) -> list[Any]:
-        buf, size = self._buf, _HEADER.size
-        spans = []  # (start, end, kept) of each whole frame
-        at = 0
-        while len(buf) - at >= size:
-            (raw,) = _HEADER.unpack_from(buf, at)
-            n = raw & ~_KEPT
-            if len(buf) - at < size + n:
-                break
-            spans.append((at + size, at + size + n, bool(raw & _KEPT)))
-            at += size + n
-        if latest_only:
-            kept = [span for span in spans if span[2]][-1:]
-            spans = sorted({*kept, *spans[-1:]})
-        out = [pickle.loads(bytes(buf[start:end])) for start, end, _ in spans]
-        del buf[:at]
-        return out
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise EOFError("the other side closed the socket")
-        got += k
-    return bytes(buf)
 
 
 class _ProxyInstrument:
@@ -319,7 +160,7 @@ class ExporterUnavailable(RuntimeError):
 
 
 class RemotePipeline:
-    """The :class:`~otel_train.export.providers.Pipeline` interface the emitter uses, with
+    """The :class:`~otel_train.exporter.providers.Pipeline` interface the emitter uses, with
     every OpenTelemetry object built in an exporter process."""
 
     def __init__(self, cfg: Config, ident: Identity, run_dir: Path | None,
@@ -347,7 +188,7 @@ class RemotePipeline:
         self._lost_series: set[tuple[str, frozenset[Any]]] = set()
         #: instrument id -> metric name
         self._names: dict[int, str] = {}
-        self._inbox = _Inbox()
+        self._inbox = Inbox()
         self._replies_read_at = 0.0  # time.monotonic() of the last read of the replies
         #: exporter reports taken (and exporters retired): what the emitter's drop report
         #: checks for news
@@ -497,7 +338,7 @@ class RemotePipeline:
         self._unacked.clear()
         self._sent_batches = 0
         self._series_live = frozenset()
-        self._inbox = _Inbox()
+        self._inbox = Inbox()
 
     def _replies_due(self) -> bool:
         """Time to read the exporter's replies (every ``REPLY_POLL_S``, or sooner when many
@@ -575,17 +416,14 @@ class RemotePipeline:
                           list(events)))
         return SpanContext(own_trace_id, span_id, False, TraceFlags(flags))
 
-    def collectives(self, spec: Any, rows: Sequence[tuple[int, ...]], duration: Any,
-                    size: Any) -> None:
-        """A step's NCCL plugin records, expanded into spans and points by the exporter;
-        ``duration`` and ``size`` are the ``record``/``add`` of this meter's instruments."""
-        self._ops.append((OP_COLLECTIVES, spec, rows, duration.__self__._id,
-                          size.__self__._id))
+    def collectives(self, spec: Any, rows: Sequence[tuple[Any, ...]] | bytes) -> None:
+        """A step's collectives (rows, or the NCCL plugin's records), made into spans and
+        points by the exporter."""
+        self._ops.append((OP_COLLECTIVES, spec, rows))
 
-    def step(self, record: step_rows.StepRecord, instruments: Sequence[Any]) -> None:
-        """A finished step, made into its spans, log and points by the exporter;
-        ``instruments`` as for :meth:`Pipeline.step`, of this meter."""
-        self._ops.append((OP_STEP, record, *(i.__self__._id for i in instruments)))
+    def step(self, record: wire_step.StepRecord) -> None:
+        """A finished step, made into its spans, log and points by the exporter."""
+        self._ops.append((OP_STEP, record))
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,
                  severity: int, severity_text: str, body: Any,

@@ -19,23 +19,15 @@ import ctypes
 import hashlib
 import os
 import shutil
-import struct
 import subprocess
 import tempfile
 from pathlib import Path
 
 from otel_train import config
+from otel_train.wire.nccl import DTYPES, FUNCS, RECORD  # noqa: F401  (re-exported: the plugin's layout)
 
 ENV_NCCL = "NCCL_PROFILER_PLUGIN"
 SOURCE = Path(__file__).with_name("profiler.c")
-#: struct otp_record (profiler.c): comm, seq, bytes, t_issue, t_done, gpu_start, gpu_stop,
-#: func, dtype, algo, proto, nchannels, flags, nranks
-RECORD = struct.Struct("<QQQqqQQBBBBBBH")
-FUNCS = ("other", "all_gather", "all_reduce", "all_to_all", "broadcast", "gather", "recv",
-         "reduce", "reduce_scatter", "scatter", "send_recv", "send")
-#: profiler.c's TYPES ids -> the flight recorder's (c10) dtype names
-DTYPES = ("", "Char", "Byte", "Int", "UInt32", "Long", "UInt64", "Half", "Float", "Double",
-          "BFloat16", "Float8_e4m3fn", "Float8_e5m2")
 _BATCH = 4096
 
 

@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from otel_train import nccl
-from otel_train.nccl import rows as nccl_rows
+from otel_train.wire import nccl as nccl_rows
 
 if shutil.which("cc") is None and shutil.which("gcc") is None:
     from support.binaries import binaries_required
@@ -132,7 +132,7 @@ def _run_in_fresh_process(code: str, plugin_file: str, timing: str | None = "ker
     prelude = (f"import sys; sys.path.insert(0, {str(__file__.rsplit('/', 1)[0])!r})\n"
                "from test_nccl_plugin import FakeNccl\n"
                "from otel_train import nccl\n"
-               "import otel_train.nccl.rows\n"
+               "import otel_train.wire.nccl as nccl_rows\n"
                f"PATH = {plugin_file!r}\n")
     import os
 
@@ -166,7 +166,7 @@ assert (comm, seq, nbytes, g0, g1, nch, flags, nranks) == (0xABC, 7, 2000, 1_000
 assert nccl.FUNCS[func] == "all_gather" and nccl.DTYPES[dtype] == "BFloat16"
 assert t0 <= t_issue <= t_done <= time.perf_counter_ns()  # perf_counter's clock
 assert reader.in_flight() == (0, None)
-assert nccl.rows.nccl_tests_bytes("all_gather", nbytes, nranks) == 4000
+assert nccl_rows.nccl_tests_bytes("all_gather", nbytes, nranks) == 4000
 """, plugin_file)
 
 

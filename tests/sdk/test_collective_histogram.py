@@ -14,10 +14,10 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import config, semconv
-from otel_train.export import collective_rows
-from otel_train.export.collective_histogram import CollectiveDurations
-from otel_train.export.providers import Pipeline
+from otel_train.exporter.collective_histogram import CollectiveDurations
+from otel_train.exporter.providers import Pipeline
 from otel_train.identity import Identity
+from otel_train.wire import collectives as collective_rows
 
 BOUNDS = semconv.METRICS[semconv.METRIC_COLLECTIVE_DURATION].buckets
 # values on bucket boundaries (upper bounds are inclusive), between them, under and above
@@ -105,13 +105,11 @@ def _exported_durations(run_dir: Path) -> list[dict]:
 def test_a_pipeline_exports_every_collective_once_beside_the_sdks_metrics(tmp_path):
     cfg = config.load(output_dir=tmp_path, exporter="file")
     pipeline = Pipeline(cfg, Identity("h", 0, 0, 1, platform.node(), 1), tmp_path / "run")
-    duration = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_DURATION)
-    size = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_SIZE)
     spec = collective_rows.Spec(3, True, False, (7, 8, 1, False), [], {"training.rank": 0})
     rows = [("all_reduce", "all_reduce", "gloo", "0", 2, 64, "float32", None, False, 0,
              1_000 * (i + 1), True, i, "python", v, None, None, 0)
             for i, v in enumerate(VALUES)]
-    pipeline.collectives(spec, rows, duration.record, size.add)
+    pipeline.collectives(spec, rows)
     assert pipeline.shutdown(30)
     (metric,) = _exported_durations(tmp_path / "run")  # one collection, one metric
     (point,) = metric["histogram"]["dataPoints"]
@@ -128,8 +126,7 @@ def test_a_pipeline_exports_every_collective_once_beside_the_sdks_metrics(tmp_pa
 def test_a_pipeline_without_collectives_exports_no_duration(tmp_path):
     cfg = config.load(output_dir=tmp_path, exporter="file")
     pipeline = Pipeline(cfg, Identity("h", 0, 0, 1, platform.node(), 1), tmp_path / "run")
-    semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_DURATION)
-    semconv.create(pipeline.meter, semconv.METRIC_STEP_DURATION).record(0.5, {"a": 1})
+    pipeline.measure_of(semconv.METRIC_STEP_DURATION)(0.5, {"a": 1})
     assert pipeline.shutdown(30)
     assert _exported_durations(tmp_path / "run") == []
 
@@ -145,12 +142,10 @@ def test_an_exporter_preferring_other_buckets_keeps_the_sdks_aggregation(tmp_pat
                        "base2_exponential_bucket_histogram")
     pipeline = Pipeline(config.load(output_dir=tmp_path, exporter="file"), ident, tmp_path / "b")
     assert pipeline.collective_durations is None
-    duration = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_DURATION)
-    size = semconv.create(pipeline.meter, semconv.METRIC_COLLECTIVE_SIZE)
     spec = collective_rows.Spec(0, False, False, (7, 8, 1, False), [], {"training.rank": 0})
     row = ("all_reduce", "all_reduce", "gloo", "0", 2, 64, "float32", None, False, 0, 1_000,
            True, 0, "python", 0.25, None, None, 0)
-    pipeline.collectives(spec, [row], duration.record, size.add)
+    pipeline.collectives(spec, [row])
     assert pipeline.shutdown(30)
     (metric,) = _exported_durations(tmp_path / "b")
     assert int(metric["exponentialHistogram"]["dataPoints"][0]["count"]) == 1

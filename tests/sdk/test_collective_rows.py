@@ -1,5 +1,5 @@
 """Collectives as rows, made into spans and points where spans are built
-(export/collective_rows.py): the span policy, and loss counts that match what would be made."""
+(wire/collectives.py): the span policy, and loss counts that match what would be made."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import collections
 import pytest
 
 from otel_train import semconv
-from otel_train.export import collective_rows, remote
-from otel_train.export.providers import series_key
+from otel_train.wire import collectives as collective_rows
+from otel_train.wire import messages
+from otel_train.wire.messages import series_key
 
 FWD = (1, 10, 1, False)
 
@@ -87,12 +88,12 @@ def test_a_lost_batch_counts_its_spans_and_the_series_it_would_have_measured(sum
     def instrument(name):
         return lambda value, attrs, context=None: measured.add(series_key(name, attrs))
 
-    collective_rows.expand(spec, ROWS, lambda *a, **k: None, instrument("duration"),
-                           instrument("size"))
+    collective_rows.expand(spec, ROWS, lambda *a, **k: None,
+                           instrument(semconv.METRIC_COLLECTIVE_DURATION),
+                           instrument(semconv.METRIC_COLLECTIVE_SIZE))
     dropped: collections.Counter[str] = collections.Counter()
     series: set = set()
-    remote.count_lost((remote.OP_COLLECTIVES, spec, ROWS, 0, 1), dropped, series,
-                      {0: "duration", 1: "size"})
+    messages.count_lost((messages.OP_COLLECTIVES, spec, ROWS), dropped, series, {})
     assert dropped[semconv.SIGNAL_SPANS] == len(spans)
     assert series == measured and (len(series) > 0) == points
     assert dropped[semconv.SIGNAL_METRICS] == 0
@@ -159,8 +160,8 @@ def test_the_budget_counts_collectives_not_bytes_of_the_plugins_records():
     summarise every step of the 2 x H200 job)."""
     from types import SimpleNamespace
 
-    from otel_train.nccl import rows as nccl_rows
     from otel_train.sources.collectives import Ledger
+    from otel_train.wire import nccl as nccl_rows
 
     record = (1, 7, 64, 100, 200, 0, 0, 2, 8, 0, 0, 0, 0, 2)
     packed = nccl_rows.pack([record] * 74)

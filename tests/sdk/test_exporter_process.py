@@ -23,7 +23,8 @@ from support import otlp_files, training
 import otel_train
 from otel_train import semconv
 from otel_train.config import ConfigWarning
-from otel_train.export import exporter_process, remote
+from otel_train.export import remote
+from otel_train.exporter import process as exporter_process
 
 REPO = Path(__file__).resolve().parents[2]
 

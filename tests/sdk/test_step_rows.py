@@ -1,5 +1,5 @@
-"""A step's telemetry is made where spans are built (export/step_rows.py): what it makes, and
-what is counted when a step record is lost, agree exactly."""
+"""A step's telemetry is made where spans are built (wire/step.py): what it makes, and
+what is counted when a step record is lost, agree exactly; only the wire fields cross."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import collections
 import pytest
 
 from otel_train import identity, semconv
-from otel_train.export import remote, step_rows
-from otel_train.export.providers import series_key
+from otel_train.wire import messages
+from otel_train.wire import step as step_rows
+from otel_train.wire.messages import series_key
 
 
 def _record(rank: int, sampled: bool, samples: int = 8, tokens: int = 0) -> step_rows.StepRecord:
@@ -23,7 +24,7 @@ def _record(rank: int, sampled: bool, samples: int = 8, tokens: int = 0) -> step
         phases=[("forward", 0, 1_000, 3_000, 11, None, None),
                 ("backward", 0, 3_000, 8_000, 12, {"gpu": True}, "OOM"),
                 ("forward", 1, 8_000, 9_000, 13, None, None)],
-        extra={"training.cpu.throttled_s": 0.0}, links=[(5, 6, 1, False)],
+        extra_attributes={"training.cpu.throttled_s": 0.0}, links=[(5, 6, 1, False)],
         run_id=run_id, rank=rank, world_size=2)
 
 
@@ -48,9 +49,8 @@ class _Made:
         return record
 
     def emit(self, record: step_rows.StepRecord) -> None:
-        step_rows.emit(record, self.span, self.log, self.instrument("step"),
-                       self.instrument("phase"), self.instrument("samples"),
-                       self.instrument("tokens"))
+        step_rows.emit(record, self.span, self.log,
+                       *(self.instrument(name) for name in step_rows.INSTRUMENTS))
 
 
 @pytest.mark.parametrize("rank,sampled,tokens", [(0, True, 0), (1, True, 64), (0, False, 64)])
@@ -62,8 +62,7 @@ def test_what_a_lost_step_counts_is_what_it_would_have_made(rank, sampled, token
     made.emit(record)
     dropped: collections.Counter[str] = collections.Counter()
     series: set = set()
-    remote.count_lost((remote.OP_STEP, record, 0, 1, 2, 3), dropped, series,
-                      {0: "step", 1: "phase", 2: "samples", 3: "tokens"})
+    messages.count_lost((messages.OP_STEP, record), dropped, series, {})
     assert dropped[semconv.SIGNAL_SPANS] == len(made.spans)
     assert dropped[semconv.SIGNAL_LOGS] == len(made.logs)
     assert series == made.series and dropped[semconv.SIGNAL_METRICS] == 0
@@ -98,7 +97,26 @@ def test_rank_one_makes_no_root_and_an_unsampled_step_only_points():
     made = _Made()
     made.emit(_record(0, False))
     assert made.spans == [] and made.logs == []
-    assert made.points == {"step": 1, "phase": 3, "samples": 1}
+    assert made.points == {semconv.METRIC_STEP_DURATION: 1, semconv.METRIC_PHASE_DURATION: 3,
+                           semconv.METRIC_SAMPLES: 1}
+
+
+def test_only_the_wire_fields_cross_to_the_exporter_process():
+    # the record the step listeners worked on carries their scratch (contexts, overrides,
+    # GPU ends); what is pickled to the exporter is the wire fields, whole
+    import pickle
+
+    record = _record(0, True)
+    record.rank_step_context = object()  # would not pickle: it must not be sent
+    record.phase_overrides[11] = {"end_ns": 5}
+    record.gpu_ends = [(1, 2)]
+    record.events.append(("gap", 7, {"where": "x.py:3"}))
+    crossed = pickle.loads(pickle.dumps(record, protocol=5))
+    assert {f: getattr(crossed, f) for f in step_rows.WIRE_FIELDS} == {
+        f: getattr(record, f) for f in step_rows.WIRE_FIELDS}
+    assert crossed.rank_step_context is None and crossed.phase_overrides == {}
+    assert crossed.gpu_ends is None and crossed.phase_spans == []
+    assert "phase_overrides" not in step_rows.WIRE_FIELDS and "events" in step_rows.WIRE_FIELDS
 
 
 def test_a_step_lost_to_an_emitter_error_is_counted_exactly(tmp_path, monkeypatch):

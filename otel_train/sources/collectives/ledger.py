@@ -11,11 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from otel_train import collectives_math, internal_errors, nccl, semconv
-from otel_train.export import collective_rows
-from otel_train.export.collective_rows import Spec as RowSpec
 from otel_train.export.remote import ctx_tuple
-from otel_train.nccl import rows as nccl_rows
-from otel_train.nccl.rows import StepSpec, op_name
 from otel_train.sources.collectives.capture import (
     DONE,
     FLUSH,
@@ -30,6 +26,10 @@ from otel_train.sources.collectives.flight_recorder import (
 )
 from otel_train.sources.collectives.plugin_choice import _nccl_groups_bound
 from otel_train.sources.collectives.stall import StallWatch
+from otel_train.wire import collectives as collective_rows
+from otel_train.wire import nccl as nccl_rows
+from otel_train.wire.collectives import Spec as RowSpec
+from otel_train.wire.nccl import StepSpec, op_name
 
 _COMPUTE = (semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER)
 #: how often Works without a future (gloo's asynchronous reduce_scatter) are polled for
@@ -138,8 +138,6 @@ class Ledger:
             # a second of steps between drains (emit_interval_s), fast ones too
             emitter.hold_steps(self._ready, max_held=512, with_end=True)
         meter = ctx.meter
-        self.duration = semconv.create(meter, semconv.METRIC_COLLECTIVE_DURATION)
-        self.size = semconv.create(meter, semconv.METRIC_COLLECTIVE_SIZE)
         self.overlap = semconv.create(meter, semconv.METRIC_COMM_OVERLAP)  # its owner
         emitter.on_event(RECORD, self.on_record)
         emitter.before_step(self._guarded(self.before_step))
@@ -466,7 +464,7 @@ class Ledger:
             ctx_tuple(info.rank_step_context),
             [(ctx, start, end) for _, _, ctx, start, end in info.phase_spans],
             self.offset, self.base, groups, stalled)
-        self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
+        self.emitter.collectives(spec, rows)
 
     def on_step(self, info: Any) -> None:
         if self._rows_for_steps:
@@ -488,13 +486,12 @@ class Ledger:
     def _send(self, colls: list[Collective], info: Any, end_perf: int | None = None,
               points: bool = True) -> None:
         """The collectives of a step as rows: their spans and points are made where spans
-        are built (export/collective_rows.py), the exporter process by default."""
+        are built (wire/collectives.py), the exporter process by default."""
         spec = RowSpec(info.step, info.sampled, self._summarise(info, colls),
                        ctx_tuple(info.rank_step_context),
                        [(ctx, start, end) for _, _, ctx, start, end in info.phase_spans],
                        self.base, points)
-        self.emitter.collectives(spec, [self._row(c, end_perf) for c in colls],
-                                 self.duration.record, self.size.add)
+        self.emitter.collectives(spec, [self._row(c, end_perf) for c in colls])
 
     def _row(self, coll: Collective, end_perf: int | None) -> collective_rows.Row:
         off = self.offset
@@ -516,8 +513,7 @@ class Ledger:
         if self.finished:  # after the last step: points, no spans
             spec = RowSpec(self.emitter.steps_emitted, False, self.summary, (0, 0, 0, False),
                            [], self.base)
-            self.emitter.collectives(spec, [self._row(c, None) for c in self.finished],
-                                     self.duration.record, self.size.add)
+            self.emitter.collectives(spec, [self._row(c, None) for c in self.finished])
         self.finished = []
         if self._rows:  # NCCL operations after the last step: points, no spans
             rows = self._rows.take_all()
@@ -525,4 +521,4 @@ class Ledger:
                       for comm, nranks in nccl.comms_of(rows).items()}
             spec = StepSpec(self.emitter.steps_emitted, False, self.summary, (0, 0, 0, False),
                             [], self.offset, self.base, groups, {})
-            self.emitter.collectives(spec, rows, self.duration.record, self.size.add)
+            self.emitter.collectives(spec, rows)

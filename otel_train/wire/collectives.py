@@ -1,12 +1,12 @@
-"""A step's collectives made into ``train.collective`` spans and duration and size points.
+"""A step's collectives as rows, and what they become: ``train.collective`` spans and
+duration and size points.
 
-This runs where spans are built: in the exporter process, which receives a step's collectives
-as plain tuples (:data:`Row`) with the step's context (:class:`Spec`), or on the emitter
-thread when export runs in process. The training process's emitter pays for the tuples, not
-for each collective's attribute dict, span and points (building them costs ~25 us a
-collective, docs/overhead.md). Every source of collectives ends here: the gloo wrappers and
-process-group hooks and NCCL's flight recorder (``sources/collectives/ledger.py``) and otel-train's
-NCCL profiler plugin (``nccl/rows.py`` turns its records into rows). No torch here.
+Every source of collectives produces these rows: the gloo wrappers, the process-group hooks
+and NCCL's flight recorder (``sources/collectives/``) directly, otel-train's NCCL profiler
+plugin through ``wire/nccl.py``. They travel as plain tuples (:data:`Row`) with the step's
+context (:class:`Spec`) to where spans are built (the exporter process by default), so the
+training process pays for the tuples, not for each collective's attribute dict, span and
+points (docs/overhead.md). No torch here.
 
 Policy (docs/collectives.md): every collective records its duration and size; in a sampled
 step each is its own span under the phase that issued it, or, when the step is summarised, one
@@ -17,21 +17,19 @@ Which sampled steps are summarised is decided where the step's collectives are k
 are their own spans while the rank stays within ``collective_span_rate`` spans a second, so
 the exporter keeps up at any collective rate; ``all`` and ``summary`` force one or the other.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from opentelemetry import trace
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from otel_train import collectives_math, semconv
+from otel_train.wire import CtxTuple, context_of
 
 SLOW_FACTOR = 4.0
 SLOW_MIN_S = 0.005
-
-CtxTuple = tuple[int, int, int, bool]  # (trace_id, span_id, flags, is_remote)
 
 #: One collective: (op, api, backend, group, group size, bytes, dtype, shape or None,
 #: async, issued (wall ns), ended (wall ns: done, or where it was last seen unfinished),
@@ -89,11 +87,6 @@ class SpanBudget:
             return True
         self.tokens -= n
         return False
-
-
-def context_of(t: CtxTuple) -> SpanContext:
-    """A span context from its plain tuple (as :func:`remote.ctx_tuple` makes it)."""
-    return SpanContext(t[0], t[1], t[3], TraceFlags(t[2]))
 
 
 def seconds(row: Row) -> float:

@@ -1,55 +1,97 @@
-"""A finished step made into its spans, its ``train.step.end`` log and its metric points.
+"""One rank's finished step: the record built once, on the emitter thread, and what it
+becomes (its spans, its ``train.step.end`` log and its metric points).
 
-This runs where spans are built: in the exporter process, which receives one
-:class:`StepRecord` per step (plain values, pickled with the batch), or on the emitter thread
-when export runs in process. The training process's emitter pays for the record, not for the
-step's four to eight spans, its log record and its points (building them costs ~0.3-0.5 ms
-of interpreter time a step, docs/overhead.md). No torch here.
+The emitter builds one :class:`StepRecord` per step from the tracker's records, hands it to
+the sources' step listeners (which add GPU times, memory, exposed communication...), then to
+the pipeline: to the exporter process, where :func:`emit` makes the telemetry, or to the
+in-process pipeline. Only the fields in :data:`WIRE_FIELDS` cross the process boundary; the
+rest are the listeners' working state on the emitter thread. No torch here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import identity, semconv
-from otel_train.export.collective_rows import context_of
+from otel_train.wire import CtxTuple, context_of
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(0)
 
-CtxTuple = tuple[int, int, int, bool]  # (trace_id, span_id, flags, is_remote)
+#: (phase, micro batch, start, end (wall ns, GPU-timed where known), span id, attributes
+#: added by sources or None, error text or None)
+PhaseRow = tuple[str, int, int, int, int, "dict[str, Any] | None", "str | None"]
+
+#: the instruments a step records into, in :func:`emit`'s order
+INSTRUMENTS = (semconv.METRIC_STEP_DURATION, semconv.METRIC_PHASE_DURATION,
+               semconv.METRIC_SAMPLES, semconv.METRIC_TOKENS)
 
 
-class StepRecord(NamedTuple):
-    """What one rank's finished step needs to become telemetry; plain values."""
+@dataclasses.dataclass(eq=False)
+class StepRecord:
+    """One rank's finished step."""
 
+    run_id: str
+    rank: int
+    world_size: int
     step: int
     start_ns: int  # wall clock (epoch) ns
     end_ns: int
     micro_batches: int
     samples: int
     tokens: int
-    phase_totals: dict[str, float]  # seconds, exposed_comm and compile included
+    #: seconds by phase; listeners add exposed_comm and compile
+    phase_totals: dict[str, float]
     sampled: bool
     trace_id: int
     rank_step_span_id: int
-    #: (phase, micro batch, start, end (wall ns, GPU-timed where known), span id,
-    #:  attributes added by sources or None, error text or None)
-    phases: list[tuple[str, int, int, int, int, dict[str, Any] | None, str | None]]
-    #: added to the train.rank_step span (GPU totals, memory, throttling, MFU...)
-    extra: dict[str, Any]
     #: the links of the rank's step spans: the train.run span, the launcher's context
-    links: list[CtxTuple]
-    run_id: str
-    rank: int
-    world_size: int
-    #: events of the train.rank_step span: (name, epoch ns, attributes) (sources/gaps.py)
-    events: list[tuple[str, int, dict[str, Any]]] | tuple[()] = ()
+    links: list[CtxTuple] = dataclasses.field(default_factory=list)
+    #: the phase spans, made once the listeners have run (sampled steps only)
+    phases: list[PhaseRow] = dataclasses.field(default_factory=list)
+    #: added to the train.rank_step span by listeners (GPU totals, memory, throttling, MFU...)
+    extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: events of the train.rank_step span as (name, epoch ns, attributes) (sources/gaps.py)
+    events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+
+    # --- the emitter thread's working state: never sent -----------------------------------
+    #: the train.rank_step span's context (``trace_id``, ``rank_step_span_id``, ``sampled``)
+    rank_step_context: SpanContext | None = None
+    #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end),
+    #: ctx as ``wire.ctx_tuple`` gives it: what the collectives' rows carry
+    phase_spans: list[tuple[str, int, CtxTuple, int, int]] = dataclasses.field(
+        default_factory=list)
+    #: phase intervals on the training thread's perf_counter clock: (phase, micro, start, end)
+    phase_intervals: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
+    #: changes to phase spans by span id, set by pre-step listeners: any of ``start_ns``,
+    #: ``end_ns`` (wall clock, e.g. GPU-timed), ``attributes`` (added), ``error`` (status)
+    phase_overrides: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: the metric points' exemplar context, made once (Emitter.exemplar_context)
+    exemplar: Any = None
+    #: (host end, GPU end) of each GPU-timed phase, wall-clock ns, in order; None where the
+    #: step's GPU times are not known (a CPU run, events unresolved): set by
+    #: sources/gpu/cuda_timing.py, read by sources/gaps.py
+    gpu_ends: list[tuple[int, int]] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # what crosses to the exporter process: the wire fields, as one tuple
+        return _from_wire, (tuple(getattr(self, name) for name in WIRE_FIELDS),)
+
+
+#: the fields that cross the process boundary, in the order they are pickled
+WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord)
+                    if f.name not in ("rank_step_context", "phase_spans", "phase_intervals",
+                                      "phase_overrides", "exemplar", "gpu_ends"))
+
+
+def _from_wire(values: tuple[Any, ...]) -> StepRecord:
+    return StepRecord(**dict(zip(WIRE_FIELDS, values, strict=True)))
 
 
 def lost(record: StepRecord) -> tuple[int, int, int]:
@@ -108,7 +150,7 @@ def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) 
         semconv.ATTR_SAMPLES: record.samples,
         semconv.ATTR_TOKENS: record.tokens,
         **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in record.phase_totals.items()},
-        **record.extra,
+        **record.extra_attributes,
     }
     span(semconv.SPAN_RANK_STEP, root_ctx, record.start_ns, record.end_ns, rank_attrs,
          record.rank_step_span_id, 0, links, None, record.events)

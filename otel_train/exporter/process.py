@@ -3,7 +3,7 @@
 Started by :class:`otel_train.export.remote.RemotePipeline` as a fresh interpreter (never a
 fork of the training process, which may hold CUDA state), it never imports torch. It reads
 batches of operations from its socket, turns them into spans, metric points and log records
-with the ordinary :class:`~otel_train.export.providers.Pipeline` (so files, OTLP, counting
+with the ordinary :class:`~otel_train.exporter.providers.Pipeline` (so files, OTLP, counting
 and flushing are exactly what they are in process) and reports its own losses back to the
 training process, whose emitter counts them into ``otel_train.telemetry.dropped``. It runs
 at a lower priority than training (niceness +10). It ends when told to (after a bounded flush, replying with
@@ -28,17 +28,16 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext
 
 from otel_train import internal_errors, redact, semconv
 from otel_train.config import ConfigWarning
-from otel_train.export import collective_rows, remote
-from otel_train.export.providers import Pipeline
+from otel_train.exporter.providers import Pipeline
+from otel_train.wire import context_of
+from otel_train.wire import messages as wire
 
-#: the method that records a measurement, by instrument kind
-_MEASURE = {semconv.HISTOGRAM: "record", semconv.COUNTER: "add", semconv.GAUGE: "set"}
 #: the longest one batch waits for the export queues to drain (see Exporter.apply_all)
 BACKPRESSURE_S = 2.0
 #: the exporter's niceness above the training process's (os.nice): ~1/10 of a busy core
 NICENESS = 10
 #: operations that make many spans each: the queues are checked before each of them
-_BURSTY = (remote.OP_COLLECTIVES, remote.OP_STEP)
+_BURSTY = (wire.OP_COLLECTIVES, wire.OP_STEP)
 #: how often the exporter tells the training process what it has dropped, at most
 DROP_REPORT_INTERVAL_S = 0.5
 
@@ -46,7 +45,7 @@ DROP_REPORT_INTERVAL_S = 0.5
 def _ctx(t: tuple[int, int, int, bool] | None) -> SpanContext | None:
     if t is None:
         return None
-    return collective_rows.context_of(t)
+    return context_of(t)
 
 
 class Exporter:
@@ -68,11 +67,11 @@ class Exporter:
 
     def apply(self, op: tuple[Any, ...]) -> None:
         kind = op[0]
-        if kind == remote.OP_SPAN:
+        if kind == wire.OP_SPAN:
             _, name, parent, start, end, attrs, span_id, trace_id, links, error, events = op
             self.pipeline.span(name, _ctx(parent), start, end, attrs, span_id, trace_id,
                                [_ctx(link) for link in links], error, events)
-        elif kind == remote.OP_MEASURE:
+        elif kind == wire.OP_MEASURE:
             _, iid, value, attrs, parent = op
             ctx = (trace.set_span_in_context(NonRecordingSpan(_ctx(parent)))
                    if parent is not None else None)
@@ -81,27 +80,23 @@ class Exporter:
                 instrument(value, attrs)
             else:
                 instrument(value, attrs, context=ctx)
-        elif kind == remote.OP_LOG:
+        elif kind == wire.OP_LOG:
             _, time_ns, observed_ns, parent, severity, severity_text, body, attrs, scope = op
             self.pipeline.emit_log(time_ns, observed_ns, _ctx(parent), severity,
                                    severity_text, body, attrs, scope)
-        elif kind == remote.OP_COLLECTIVES:
-            _, spec, rows, duration_id, size_id = op
-            self.pipeline.collectives(spec, rows, self.instruments[duration_id],
-                                      self.instruments[size_id])
-        elif kind == remote.OP_STEP:
-            self.pipeline.step(op[1], [self.instruments[i] for i in op[2:]])
-        elif kind == remote.OP_INSTRUMENT:
+        elif kind == wire.OP_COLLECTIVES:
+            self.pipeline.collectives(op[1], op[2])
+        elif kind == wire.OP_STEP:
+            self.pipeline.step(op[1])
+        elif kind == wire.OP_INSTRUMENT:
             self._define(*op[1:])
 
     def _define(self, iid: int, name: str) -> None:
         if iid in self.instruments:  # sent again after a restart raced a batch
             return
-        made = semconv.create(self.pipeline.meter, name)
         self.names[iid] = name
         # every series noted: what the next collection holds is what a kill would lose
-        self.instruments[iid] = self.pipeline.pending.track(
-            name, getattr(made, _MEASURE[semconv.METRICS[name].kind]))
+        self.instruments[iid] = self.pipeline.measure_of(name)
 
     def apply_all(self, batch: list[tuple[Any, ...]]) -> float | None:
         """Apply a batch; the shutdown bound if the batch asks to shut down.
@@ -119,7 +114,7 @@ class Exporter:
                 while self.pipeline.backlog() > 0.5 and time.monotonic() < deadline:
                     self.pipeline.nudge()
                     time.sleep(0.002)
-            if op[0] == remote.OP_SHUTDOWN:
+            if op[0] == wire.OP_SHUTDOWN:
                 return float(op[1])
             try:
                 self.apply(op)
@@ -135,7 +130,7 @@ class Exporter:
         """Its spans and log records are lost; of its metric series, those no other
         measurement makes a point of in the next collection."""
         series: set[Any] = set()
-        remote.count_lost(op, self.pipeline.dropped, series, self.names)
+        wire.count_lost(op, self.pipeline.dropped, series, self.names)
         with self.pipeline.pending.lock:
             pending = self.pipeline.pending.keys()
         self.pipeline.dropped[semconv.SIGNAL_METRICS] += len(series - pending)
@@ -166,10 +161,10 @@ class Exporter:
             state = (counts, accounts, self.applied, version)
             if state == self._reported and applied is None:
                 return
-            frame = remote.encode(
-                (remote.REPLY_DROPS, counts, accounts, self.applied))
+            frame = wire.encode(
+                (wire.REPLY_DROPS, counts, accounts, self.applied))
             if keys is not None:  # the series first: the counts after them rely on them
-                frame = remote.encode((remote.REPLY_SERIES, keys), kept=True) + frame
+                frame = wire.encode((wire.REPLY_SERIES, keys), kept=True) + frame
             try:
                 if applied is not None:
                     sock.sendall(frame)
@@ -238,14 +233,14 @@ def main(fd: int) -> int:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     try:
-        cfg, ident, run_dir = remote.recv_message(sock)
+        cfg, ident, run_dir = wire.recv_message(sock)
     except (EOFError, OSError):
         return 0
     redact.load_env_secrets()  # the training process's environment, so its secrets
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pipeline = Pipeline(cfg, ident, run_dir)
-    remote.send_message(sock, (remote.REPLY_READY, pipeline.kind, _settings_warnings(caught)))
+    wire.send_message(sock, (wire.REPLY_READY, pipeline.kind, _settings_warnings(caught)))
     threading.Thread(target=_watch_parent, args=(sock,), name="otel-train-parent-watch",
                      daemon=True).start()
     exporter = Exporter(pipeline)
@@ -257,7 +252,7 @@ def main(fd: int) -> int:
     applied = 0
     while True:
         try:
-            batch = remote.recv_message(sock)
+            batch = wire.recv_message(sock)
         except (EOFError, OSError):
             break  # the training process is gone: flush what we have, within its bound
         asked = exporter.apply_all(batch)
@@ -274,7 +269,7 @@ def main(fd: int) -> int:
     if told:
         with exporter.send_lock:
             try:
-                remote.send_message(sock, (remote.REPLY_DONE, dict(pipeline.dropped), flushed,
+                wire.send_message(sock, (wire.REPLY_DONE, dict(pipeline.dropped), flushed,
                                            pipeline.accounts.snapshot(), applied))
             except OSError:
                 pass

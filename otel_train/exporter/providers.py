@@ -1,4 +1,6 @@
-"""Private OpenTelemetry providers of one instrumented run, and their exporters.
+"""Private OpenTelemetry providers of one instrumented run, and their exporters: where
+spans, metric points and log records are built (in the exporter process, ``process.py``, or
+on the emitter thread when export runs in process).
 
 The providers are otel-train's own: the global ones (which the training code may use for
 its own telemetry) are never touched. Every exporter is wrapped so that what it fails to
@@ -59,8 +61,10 @@ from otel_train import config as config_mod
 from otel_train import redact, semconv
 from otel_train._version import __version__
 from otel_train.config import Config, ConfigWarning
-from otel_train.export.collective_histogram import CollectiveDurations
+from otel_train.exporter.collective_histogram import CollectiveDurations
 from otel_train.identity import Identity
+from otel_train.wire import step as wire_step
+from otel_train.wire.messages import SIGNALS, expand_collectives, series_key
 
 Dropped = collections.Counter  # signal -> count
 _SAMPLED_FLAGS = TraceFlags(TraceFlags.SAMPLED)
@@ -131,9 +135,6 @@ class Accounts:
 
 
 #: the signals the accounts keep
-SIGNALS = (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS)
-
-
 class _CountingSpanExporter(SpanExporter):
     def __init__(self, inner: SpanExporter, accounts: Accounts) -> None:
         self._inner, self._accounts = inner, accounts
@@ -246,16 +247,6 @@ class _CountingMetricExporter(MetricExporter):
         self._inner.shutdown(timeout_millis=timeout_millis)
 
 
-def series_key(name: str, attributes: Any) -> tuple[str, frozenset[Any]]:
-    """One metric series, which makes one data point in each collection it is part of: the
-    metric's name and its attribute set."""
-    items = (attributes or {}).items()
-    try:
-        return name, frozenset(items)
-    except TypeError:  # an unhashable value (a list): its text tells the series apart too
-        return name, frozenset((k, repr(v)) for k, v in items)
-
-
 class PendingPoints:
     """The series the next metric collection will carry, one data point each: what a
     collection that never happens (its exporter process killed) loses, counted in the same
@@ -338,7 +329,7 @@ class _CountingMetricReader(PeriodicExportingMetricReader):
                  pending: PendingPoints, extra: Any = None, **settings: Any) -> None:
         self._accounts, self._pending = accounts, pending
         #: (CollectiveDurations, resource, scope): a histogram aggregated by otel-train,
-        #: added to every collection (export/collective_histogram.py)
+        #: added to every collection (exporter/collective_histogram.py)
         self.extra = extra
         self._taken: tuple[MetricsData, float] | None = None
         self._final = False
@@ -549,12 +540,6 @@ def signal_exporter(signal: str) -> str | None:
     return None
 
 
-def choose_exporter(cfg: Config) -> str:
-    if cfg.exporter != "auto":
-        return cfg.exporter
-    return "otlp" if config_mod.otlp_endpoint_configured() else "file"
-
-
 # --- the pipeline ------------------------------------------------------------------------
 
 
@@ -608,6 +593,10 @@ def _quiet_in_forked_child() -> None:
 os.register_at_fork(after_in_child=_quiet_in_forked_child)
 
 
+#: the method that records a measurement, by instrument kind
+_MEASURE = {semconv.HISTOGRAM: "record", semconv.COUNTER: "add", semconv.GAUGE: "set"}
+
+
 class Pipeline:
     """Tracer, meter and logger providers wired to one exporter kind."""
 
@@ -618,7 +607,7 @@ class Pipeline:
         #: random ids where a span has no preset one (Pipeline.span takes preset ids as
         #: arguments: derived ones other ranks compute too, and those handed to log lines)
         self.ids = RandomIdGenerator()
-        self.kind = choose_exporter(cfg)
+        self.kind = config_mod.choose_exporter(cfg)
         self.resource = build_resource(cfg, ident)
         exporters = self._exporters(run_dir, ident.rank)
         span_limits, log_limits = config_mod.attribute_limits()
@@ -652,7 +641,7 @@ class Pipeline:
             self.logger_provider.add_log_record_processor(processor)
         scope = (semconv.SCOPE_NAME, __version__, semconv.SCHEMA_URL)
         self._scope = InstrumentationScope(*scope)
-        #: every collective's duration, aggregated here (export/collective_histogram.py)
+        #: every collective's duration, aggregated here (exporter/collective_histogram.py)
         self.collective_durations: CollectiveDurations | None = None
         if metrics is not None:
             # only where the SDK would make explicit buckets from semconv's advice: an
@@ -676,8 +665,20 @@ class Pipeline:
         self._span_processors = [p for p in self.processors if isinstance(p, BatchSpanProcessor)]
         self.meter = self.meter_provider.get_meter(*scope)
         self.otel_logger = self.logger_provider.get_logger(*scope)
+        #: what a step and its collectives record into (semconv's, made here: the records
+        #: name no instrument)
+        self._step_instruments = tuple(self.measure_of(name) for name in wire_step.INSTRUMENTS)
+        self._collective_instruments = tuple(
+            self.measure_of(name)
+            for name in (semconv.METRIC_COLLECTIVE_DURATION, semconv.METRIC_COLLECTIVE_SIZE))
         #: the loggers of users' scopes (their logger names), made on first use
         self._user_loggers: dict[str, Any] = {}
+
+    def measure_of(self, name: str) -> Any:
+        """The ``record``/``add``/``set`` of the instrument ``semconv.METRICS[name]`` defines,
+        noting every series it measures (what a lost collection would cost)."""
+        made = semconv.create(self.meter, name)
+        return self.pending.track(name, getattr(made, _MEASURE[semconv.METRICS[name].kind]))
 
     # --- what the emitter makes: the one place OpenTelemetry objects are built ----------
     def span(self, name: str, parent: SpanContext | None, start_ns: int, end_ns: int,
@@ -723,30 +724,18 @@ class Pipeline:
             processor.on_end(readable)
         return ctx
 
-    def collectives(self, spec: Any, rows: Sequence[tuple[Any, ...]],
-                    duration: Any, size: Any) -> None:
+    def collectives(self, spec: Any, rows: Sequence[tuple[Any, ...]] | bytes) -> None:
         """A step's collectives as spans and points: rows of every source
-        (export/collective_rows.py) or the NCCL plugin's records (nccl/rows.py), by the type
-        of ``spec``; ``duration`` and ``size`` record into the duration histogram and size
-        counter."""
-        from otel_train.export import collective_rows
-
+        (wire/collectives.py) or the NCCL plugin's records (wire/nccl.py), by the type of
+        ``spec``, into the collective duration histogram and size counter."""
+        duration, size = self._collective_instruments
         if self.collective_durations is not None:  # every value, without the SDK's cost
             duration = self.collective_durations.record
-        if isinstance(spec, collective_rows.Spec):
-            collective_rows.expand(spec, rows, self.span, duration, size)
-            return
-        from otel_train.nccl import rows as nccl_rows
+        expand_collectives(spec, rows, self.span, duration, size)
 
-        nccl_rows.expand(spec, rows, self.span, duration, size)
-
-    def step(self, record: Any, instruments: Sequence[Any]) -> None:
-        """A finished step (export/step_rows.py) as its spans, log and points;
-        ``instruments``: the step-duration, phase-duration, samples and tokens instruments'
-        ``record``/``add``."""
-        from otel_train.export import step_rows
-
-        step_rows.emit(record, self.span, self.emit_log, *instruments,
+    def step(self, record: wire_step.StepRecord) -> None:
+        """A finished step (wire/step.py) as its spans, log and points."""
+        wire_step.emit(record, self.span, self.emit_log, *self._step_instruments,
                        observed_ns=time.time_ns())
 
     def emit_log(self, time_ns: int, observed_ns: int, parent: SpanContext | None,

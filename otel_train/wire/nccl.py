@@ -1,20 +1,31 @@
-"""The NCCL plugin's records of one step, made into collective spans and metric points.
+"""The NCCL profiler plugin's records: their layout, and what a step's records become
+(collective spans and metric points).
 
-This runs where spans are built: in the exporter process, which receives a step's records as
-the plugin wrote them (a tuple of 14 ints each) with the step's context, or on the emitter
-thread when export runs in process. The training process pays for the step's context and
-the tuples, not for the attributes, spans and points of each collective (docs/overhead.md).
-The spans and points are those of the flight-recorder path (docs/collectives.md), with
+The plugin (``nccl/profiler.c``) writes one fixed-size record per collective and
+point-to-point operation (:data:`RECORD`). A step's records travel as the plugin wrote them,
+with the step's context (:class:`StepSpec`), to where spans are built (the exporter process
+by default), so the training process pays for the context and the bytes, not for the
+attributes, spans and points of each collective (docs/overhead.md). They become the rows
+every source of collectives produces (``wire/collectives.py``), with
 ``collective.source = nccl_profiler``. No torch here: the exporter process never imports it.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from otel_train.export import collective_rows
-from otel_train.nccl import DTYPES, FUNCS, RECORD
+from otel_train.wire import CtxTuple, collectives
+
+#: struct otp_record (profiler.c): comm, seq, bytes, t_issue, t_done, gpu_start, gpu_stop,
+#: func, dtype, algo, proto, nchannels, flags, nranks
+RECORD = struct.Struct("<QQQqqQQBBBBBBH")
+FUNCS = ("other", "all_gather", "all_reduce", "all_to_all", "broadcast", "gather", "recv",
+         "reduce", "reduce_scatter", "scatter", "send_recv", "send")
+#: profiler.c's TYPES ids -> the flight recorder's (c10) dtype names
+DTYPES = ("", "Char", "Byte", "Int", "UInt32", "Long", "UInt64", "Half", "Float", "Double",
+          "BFloat16", "Float8_e4m3fn", "Float8_e5m2")
 
 SOURCE = "nccl_profiler"
 _OPS = {"send_recv": "send"}
@@ -27,9 +38,9 @@ class StepSpec(NamedTuple):
     sampled: bool
     summary: bool
     #: the rank-step span as (trace_id, span_id, flags, is_remote): parent and exemplar
-    rank_step: tuple[int, int, int, bool]
+    rank_step: CtxTuple
     #: phase spans (context tuple, start, end), wall-clock ns
-    phases: list[tuple[tuple[int, int, int, bool], int, int]]
+    phases: list[tuple[CtxTuple, int, int]]
     offset: int  # perf_counter ns + offset = epoch ns
     base: dict[str, Any]
     #: communicator hash -> (process group name, ranks)
@@ -66,12 +77,12 @@ def count(rows: Sequence[Any] | bytes) -> int:
 
 
 def to_rows(spec: StepSpec, rows: Sequence[tuple[int, ...]] | bytes
-            ) -> list[collective_rows.Row]:
+            ) -> list[collectives.Row]:
     """The plugin's records (tuples, or :func:`pack`'s bytes) as the collective rows every
     source of collectives produces."""
     if isinstance(rows, (bytes, bytearray)):
         rows = list(RECORD.iter_unpack(rows))
-    out: list[collective_rows.Row] = []
+    out: list[collectives.Row] = []
     offset, groups, stalled_of = spec.offset, spec.groups, spec.stalled
     for comm, seq, nbytes, t_issue, t_done, g0, g1, func, dtype, _, _, _, flags, nranks in rows:
         op = op_name(func)
@@ -87,8 +98,8 @@ def to_rows(spec: StepSpec, rows: Sequence[tuple[int, ...]] | bytes
     return out
 
 
-def generic_spec(spec: StepSpec) -> collective_rows.Spec:
-    return collective_rows.Spec(spec.step, spec.sampled, spec.summary, spec.rank_step,
+def generic_spec(spec: StepSpec) -> collectives.Spec:
+    return collectives.Spec(spec.step, spec.sampled, spec.summary, spec.rank_step,
                                 spec.phases, spec.base)
 
 
@@ -96,11 +107,11 @@ def expand(spec: StepSpec, rows: Sequence[tuple[int, ...]] | bytes,
            span: Callable[..., Any], duration: Callable[..., Any],
            size: Callable[..., Any]) -> int:
     """Record every record's duration and size, and (sampled steps) its span or its share of
-    a summary span (export/collective_rows.py); how many records."""
-    return collective_rows.expand(generic_spec(spec), to_rows(spec, rows), span, duration,
+    a summary span (export/collectives.py); how many records."""
+    return collectives.expand(generic_spec(spec), to_rows(spec, rows), span, duration,
                                   size)
 
 
 def lost(spec: StepSpec, rows: Sequence[tuple[int, ...]] | bytes) -> tuple[int, int]:
     """(spans, metric points) the records would have made."""
-    return collective_rows.lost(generic_spec(spec), to_rows(spec, rows))
+    return collectives.lost(generic_spec(spec), to_rows(spec, rows))
