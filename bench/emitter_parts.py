@@ -20,7 +20,6 @@ from typing import Any
 @contextlib.contextmanager
 def timing_parts() -> Iterator[dict[str, list[int]]]:
     """Yields {part: [ns, calls]}, filled while the context is open."""
-    from otel_train import emitter as emitter_mod
     from otel_train.export import remote
 
     parts: dict[str, list[int]] = {}
@@ -39,42 +38,51 @@ def timing_parts() -> Iterator[dict[str, list[int]]]:
     def label(kind: str, fn: Any) -> str:
         return f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
 
-    cls = emitter_mod.Emitter
-    saved = {name: getattr(cls, name) for name in
-             ("before_step", "on_step", "on_tick", "on_event", "hold_steps", "pump",
-              "_emit_step", "_emit_log", "release_steps", "report_drops",
-              "report_internal_errors", "sampled", "_after_step", "exemplar_context")}
-    saved_commit = remote.RemotePipeline.commit
-    saved_step = remote.RemotePipeline.step
-    cls.before_step = lambda em, fn: saved["before_step"](em, timed(label("before", fn), fn))
-    cls.on_step = lambda em, fn: saved["on_step"](em, timed(label("after", fn), fn))
-    cls.on_tick = lambda em, fn: saved["on_tick"](em, timed(label("tick", fn), fn))
-    cls.on_event = lambda em, src, fn: saved["on_event"](
+    from otel_train.emitter import accounts, core, logs, steps
+
+    cls, assembly = core.Emitter, steps.StepAssembly
+    saved = {(owner, name): getattr(owner, name) for owner, names in (
+        (cls, ("before_step", "on_step", "on_tick", "on_event", "pump")),
+        (assembly, ("hold_steps", "release_steps", "emit_step", "sampled", "_after_step",
+                    "exemplar_context")),
+        (logs.LogRecords, ("captured",)),
+        (accounts.Losses, ("report_drops", "report_internal_errors")),
+        (remote.RemotePipeline, ("commit", "step"))) for name in names}
+
+    def original(owner: Any, name: str) -> Any:
+        return saved[(owner, name)]
+
+    cls.before_step = lambda em, fn: original(cls, "before_step")(
+        em, timed(label("before", fn), fn))
+    cls.on_step = lambda em, fn: original(cls, "on_step")(em, timed(label("after", fn), fn))
+    cls.on_tick = lambda em, fn: original(cls, "on_tick")(em, timed(label("tick", fn), fn))
+    cls.on_event = lambda em, src, fn: original(cls, "on_event")(
         em, src, timed(label(f"event {src}", fn), fn))
-    cls.hold_steps = lambda em, fn, *a, **k: saved["hold_steps"](
-        em, timed(label("gate", fn), fn), *a, **k)
-    cls.pump = timed("pump (all)", saved["pump"])
-    cls.release_steps = timed("release held steps (gates, emit_step)",
-                              saved["release_steps"])
-    cls.report_drops = timed("report drops", saved["report_drops"])
-    cls.report_internal_errors = timed("report internal errors",
-                                       saved["report_internal_errors"])
-    cls._emit_step = timed("emit_step (with listeners)", saved["_emit_step"])
-    cls._emit_log = timed("user log", saved["_emit_log"])
-    cls.sampled = timed("emit_step: sampler decision", saved["sampled"])
-    cls._after_step = timed("emit_step: after the record (prometheus, step listeners)",
-                            saved["_after_step"])
-    cls.exemplar_context = timed("exemplar context", saved["exemplar_context"])
-    remote.RemotePipeline.commit = timed("commit (pickle, send)", saved_commit)
+    assembly.hold_steps = lambda st, fn, *a, **k: original(assembly, "hold_steps")(
+        st, timed(label("gate", fn), fn), *a, **k)
+    cls.pump = timed("pump (all)", original(cls, "pump"))
+    assembly.release_steps = timed("release held steps (gates, emit_step)",
+                                   original(assembly, "release_steps"))
+    accounts.Losses.report_drops = timed("report drops",
+                                         original(accounts.Losses, "report_drops"))
+    accounts.Losses.report_internal_errors = timed(
+        "report internal errors", original(accounts.Losses, "report_internal_errors"))
+    assembly.emit_step = timed("emit_step (with listeners)", original(assembly, "emit_step"))
+    logs.LogRecords.captured = timed("user log", original(logs.LogRecords, "captured"))
+    assembly.sampled = timed("emit_step: sampler decision", original(assembly, "sampled"))
+    assembly._after_step = timed("emit_step: after the record (prometheus, step listeners)",
+                                 original(assembly, "_after_step"))
+    assembly.exemplar_context = timed("exemplar context",
+                                      original(assembly, "exemplar_context"))
+    remote.RemotePipeline.commit = timed("commit (pickle, send)",
+                                         original(remote.RemotePipeline, "commit"))
     remote.RemotePipeline.step = timed("emit_step: pipeline.step (the step record queued)",
-                                       saved_step)
+                                       original(remote.RemotePipeline, "step"))
     try:
         yield parts
     finally:
-        for name, fn in saved.items():
-            setattr(cls, name, fn)
-        remote.RemotePipeline.commit = saved_commit
-        remote.RemotePipeline.step = saved_step
+        for (owner, name), fn in saved.items():
+            setattr(owner, name, fn)
 
 
 def table(parts: dict[str, list[int]], steps: int) -> dict[str, dict[str, float]]:

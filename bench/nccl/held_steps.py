@@ -48,7 +48,7 @@ def main() -> None:
             time.sleep(0.05)
             rows.append({"i": i, "plugin": ledger.plugin is not None,
                          "flight_recorder": ledger.flight_recorder is not None,
-                         "reads": ledger.reads, "held": len(inst.emitter._held_steps)})
+                         "reads": ledger.reads, "held": len(inst.emitter.steps.held)})
         t0 = time.perf_counter()
     print(json.dumps({"variant": sys.argv[1], "steps": rows[::5] + rows[-1:],
                       "exit_s": time.perf_counter() - t0}))

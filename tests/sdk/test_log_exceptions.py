@@ -1,5 +1,5 @@
 """A log record's exception is exported, as OpenTelemetry names it, and scrubbed
-(otel_train/log_capture.py, otel_train/emitter.py).
+(otel_train/log_capture.py, otel_train/emitter/logs.py).
 
 One real run writes every kind of exception log call (stdlib ``logger.exception()`` and
 ``exc_info=True``, structlog's ``.exception()`` and ``exc_info=<exception>``); each test reads

@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import sampling
 
 from otel_train import semconv
 from otel_train.config import Config
-from otel_train.emitter import _step_decision
+from otel_train.emitter.steps import _step_decision
 
 NAMES = ("always_on", "always_off", "parentbased_always_on", "parentbased_always_off",
          "traceidratio", "parentbased_traceidratio")

@@ -1,0 +1,266 @@
+"""A finished step's records made into one ``StepRecord`` (``wire/step.py``), given to the
+sources' step listeners and handed to the pipeline.
+
+The tracker's ``PHASE`` records wait here by step until the step's ``STEP`` record comes;
+then the step is sampled or not (the configured sampler on the step's derived trace id),
+its record is built once, the pre-step listeners add to it (GPU times, exposed
+communication, throttling, untimed stretches), its phase spans are laid out, and it is handed
+on. Sources may hold finished steps back, in order, until they are ready (their GPU events
+resolved, the flight recorder read): :meth:`StepAssembly.hold_steps`. A listener that raises
+loses its own part, not the step; a step whose own assembly fails is counted as dropped, in
+exactly what it would have made.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.sdk.trace import sampling
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+from otel_train import identity, semconv
+from otel_train.identity import Identity
+from otel_train.wire import CtxTuple
+from otel_train.wire import step as wire_step
+from otel_train.wire.step import StepRecord
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_SAMPLED_INT = int(_SAMPLED)
+
+StepListener = Callable[[StepRecord], None]
+
+
+def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
+    """``trace_id -> sampled`` as ``sampler.should_sample`` decides it for a root span, without
+    building its ``SamplingResult`` (a few us a step): for the SDK's own samplers the answer is
+    their rule (tests/sdk/test_sampling.py holds it to the SDK's), others are asked."""
+
+    def ask(trace_id: int) -> bool:
+        return sampler.should_sample(None, trace_id, semconv.SPAN_STEP).decision.is_sampled()
+
+    root = getattr(sampler, "_root", None) if type(sampler) is sampling.ParentBased else sampler
+    if type(root) is sampling.StaticSampler and isinstance(
+            getattr(root, "_decision", None), sampling.Decision):
+        always = root._decision.is_sampled()
+        return lambda trace_id: always
+    if type(root) is sampling.TraceIdRatioBased:
+        bound, limit = root.bound, root.TRACE_ID_LIMIT
+        return lambda trace_id: trace_id & limit < bound
+    return ask
+
+
+def _debug_enabled(console: Any) -> bool:
+    """Does otel-train's console logger print debug lines? (Building a filtered line's
+    arguments costs a few microseconds a step for nothing.)"""
+    check = getattr(console, "is_enabled_for", None)
+    try:
+        return bool(check(logging.DEBUG)) if check is not None else True
+    except Exception:
+        return True
+
+
+class StepAssembly:
+    """Phases to steps, steps to records, records to listeners and the pipeline."""
+
+    def __init__(self, pipeline: Any, ident: Identity, sampler: sampling.Sampler,
+                 clock_offset_ns: int, links: list[CtxTuple], prometheus: Any, console: Any,
+                 swallowed: Callable[[Exception, str], None]) -> None:
+        self.pipeline = pipeline
+        self.ident = ident
+        self.offset = clock_offset_ns  # perf_counter_ns + offset = epoch ns
+        self.links = links
+        self.prometheus = prometheus
+        self.console = console
+        self._swallowed = swallowed  # counts (and logs the first) error it is given
+        self._decide = _step_decision(sampler)
+        self._getrandbits = random.Random().getrandbits  # phase span ids (not the user's RNG)
+        self._console_debug = console is not None and _debug_enabled(console)
+        self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
+        # tuples, replaced whole by a registration or its remover: the emitter thread
+        # iterates the one it found, whatever another thread adds or removes meanwhile
+        self.step_listeners: tuple[StepListener, ...] = ()
+        self.pre_step_listeners: tuple[StepListener, ...] = ()
+        self._step_gates: list[Callable[[int, int], bool]] = []
+        self.held: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._max_held = 0
+        self.steps_emitted = 0
+        #: (end on the perf_counter clock, step) of the last steps the training thread
+        #: finished, held or emitted: which step a moment belonged to (step_at)
+        self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
+
+    # --- the tracker's records --------------------------------------------------------
+    def on_phase(self, record: tuple[Any, ...]) -> None:
+        self._phases[record[1]].append(record)
+
+    def on_step(self, record: tuple[Any, ...]) -> None:
+        self._step_ends.append((record[3], record[1]))
+        if self._step_gates:
+            self.held.append(record)
+            self.release_steps()
+        else:
+            self.emit_step(*record[1:])
+
+    # --- held steps -------------------------------------------------------------------
+    def hold_steps(self, ready: Callable[..., bool], max_held: int = 64,
+                   with_end: bool = False) -> None:
+        """Hold finished steps back, in order, until ``ready(step)`` (their GPU events
+        resolved, say), or ``ready(step, end)`` with the step's end on the perf_counter clock
+        if ``with_end``; at most ``max_held`` wait, and the last pump waits at most a second
+        before it emits what is still held."""
+        self._step_gates.append(ready if with_end else (lambda step, end: ready(step)))
+        self._max_held = max(self._max_held, max_held)
+
+    def release_steps(self, final: bool = False) -> None:
+        """Emit the held steps that are ready now (``final``: all of them, waiting at most a
+        second for their gates)."""
+        held = self.held
+        deadline = time.monotonic() + (1.0 if final else 0.0)
+        while held:
+            step, end = held[0][1], held[0][3]
+            if (len(held) <= self._max_held
+                    and not all(ready(step, end) for ready in self._step_gates)):
+                if not final:
+                    return
+                if time.monotonic() < deadline:
+                    time.sleep(0.005)  # the last pump only: polling, never synchronising
+                    continue
+            self.emit_step(*held.popleft()[1:])
+
+    # --- what sources ask ---------------------------------------------------------------
+    def sampled(self, trace_id: int) -> bool:
+        """The configured sampler's decision for a step's trace (a root: no parent)."""
+        return self._decide(trace_id)
+
+    def step_context(self, step: int) -> SpanContext:
+        """The ``train.rank_step`` span context of this rank's ``step`` (its ids are derived,
+        so known before the step is emitted)."""
+        trace_id = identity.step_trace_id(self.ident.run_id, step)
+        flags = _SAMPLED if self.sampled(trace_id) else TraceFlags(0)
+        return SpanContext(trace_id, identity.rank_step_span_id(
+            self.ident.run_id, step, self.ident.rank), False, flags)
+
+    def step_at(self, perf_ns: int) -> int:
+        """The training step a moment (perf_counter ns) belonged to: the first step that ended
+        after it, or the one after the last step finished so far. Steps are contiguous, and
+        steps held back count: not the emitted count."""
+        ends = self._step_ends
+        if not ends:
+            return self.steps_emitted
+        if perf_ns >= ends[-1][0]:
+            return ends[-1][1] + 1
+        found = ends[-1][1]
+        for end, step in reversed(ends):
+            if end <= perf_ns:
+                break
+            found = step
+        return found
+
+    def exemplar_context(self, info: StepRecord) -> otel_context.Context | None:
+        """The context that binds a step's metric points to its span (made once a step:
+        building an OpenTelemetry Context costs microseconds, and every collective asks)."""
+        if not info.sampled:
+            return None
+        if info.exemplar is None:
+            info.exemplar = trace.set_span_in_context(NonRecordingSpan(info.rank_step_context))
+        return info.exemplar
+
+    # --- a step -----------------------------------------------------------------------
+    def emit_step(self, step: int, start: int, end: int, micro_batches: int, samples: int,
+                  tokens: int) -> None:
+        phases = self._phases.pop(step, [])
+        try:
+            self._emit_step_with(phases, step, start, end, micro_batches, samples, tokens)
+        except Exception:
+            # the step's own telemetry is lost: count what it would have made, from its phase
+            # records (totals that listeners add, exposed_comm and compile, are not known here)
+            try:
+                sampled = self.sampled(identity.step_trace_id(self.ident.run_id, step))
+            except Exception:
+                sampled = True
+            totals = {r[2] for r in phases}
+            lost = StepRecord(
+                run_id=self.ident.run_id, rank=self.ident.rank,
+                world_size=self.ident.world_size, step=step, start_ns=start, end_ns=end,
+                micro_batches=micro_batches, samples=samples, tokens=tokens,
+                phase_totals=dict.fromkeys(totals, 0.0), sampled=sampled, trace_id=0,
+                rank_step_span_id=0, phases=[None] * len(phases))  # type: ignore[list-item]
+            for signal, n in zip((semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS,
+                                  semconv.SIGNAL_LOGS), wire_step.lost(lost), strict=True):
+                self.pipeline.dropped[signal] += n
+            raise
+
+    def _emit_step_with(self, phases: list[tuple[Any, ...]], step: int, start: int, end: int,
+                        micro_batches: int, samples: int, tokens: int) -> None:
+        ident = self.ident
+        if self._phases:
+            for stale in [k for k in self._phases if k < step]:
+                del self._phases[stale]  # their step record was dropped (buffer full)
+        totals: dict[str, float] = {}
+        for _, _, phase, _, p_start, p_end, _ in phases:
+            totals[phase] = totals.get(phase, 0.0) + (p_end - p_start) / 1e9
+        duration_s = (end - start) / 1e9
+        trace_id = identity.step_trace_id(ident.run_id, step)
+        sampled = self.sampled(trace_id)
+        rank_ctx = SpanContext(trace_id, identity.rank_step_span_id(ident.run_id, step, ident.rank),
+                               is_remote=False, trace_flags=_SAMPLED if sampled else TraceFlags(0))
+        info = StepRecord(
+            run_id=ident.run_id, rank=ident.rank, world_size=ident.world_size, step=step,
+            start_ns=start + self.offset, end_ns=end + self.offset,
+            micro_batches=micro_batches, samples=samples, tokens=tokens, phase_totals=totals,
+            sampled=sampled, trace_id=trace_id, rank_step_span_id=rank_ctx.span_id,
+            links=self.links, rank_step_context=rank_ctx,
+            phase_intervals=[(r[2], r[3], r[4], r[5]) for r in phases])
+        for listener in self.pre_step_listeners:
+            self._call_listener(listener, info)
+        # The step's spans, log and points are made where spans are built (the exporter
+        # process by default: wire/step.py); here only their plain values.
+        if sampled:
+            phase_rows, phase_spans = info.phases, info.phase_spans
+            overrides, offset = info.phase_overrides, self.offset
+            for _, _, phase, micro, p_start, p_end, span_id in phases:
+                if not span_id:  # nobody asked for it on the training thread (tracker.py)
+                    span_id = self._getrandbits(64) or 1
+                over = overrides.get(span_id)
+                if over is None:
+                    p_start, p_end, added, error = p_start + offset, p_end + offset, None, None
+                else:
+                    p_start = over.get("start_ns", p_start + offset)
+                    p_end = over.get("end_ns", p_end + offset)
+                    added, error = over.get("attributes"), over.get("error")
+                phase_rows.append((phase, micro, p_start, p_end, span_id, added, error))
+                phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
+                                    p_start, p_end))
+        self.pipeline.step(info)
+        try:  # the step is handed over: what follows can fail without losing it
+            self._after_step(info, duration_s)
+        except Exception as err:
+            self._swallowed(err, "")
+
+    def _after_step(self, info: StepRecord, duration_s: float) -> None:
+        trace_id, rank_span_id = info.trace_id, info.rank_step_span_id
+        if self.prometheus is not None:
+            exemplar = ({"trace_id": f"{trace_id:032x}", "span_id": f"{rank_span_id:016x}"}
+                        if info.sampled else None)
+            self.prometheus.observe_step(duration_s, info.phase_totals, info.samples,
+                                         info.tokens, exemplar)
+        for listener in self.step_listeners:
+            self._call_listener(listener, info)
+        if self._console_debug:
+            self.console.debug("train.step.end", trace_id=f"{trace_id:032x}",
+                               span_id=f"{rank_span_id:016x}", step=info.step,
+                               phase="step", duration_ms=round(duration_s * 1e3, 3))
+        self.steps_emitted += 1
+
+    def _call_listener(self, listener: StepListener, info: StepRecord) -> None:
+        """A source's step listener: one that raises loses its own part, not the step."""
+        try:
+            listener(info)
+        except Exception as err:
+            self._swallowed(err, "step listener")
