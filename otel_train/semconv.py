@@ -377,13 +377,13 @@ _DEFINITIONS = (
     Metric(METRIC_INTERNAL_ERRORS, COUNTER, "{error}",
            "Exceptions otel-train caught on its hook paths so that training went on, by "
            "component (each component's first one is logged)."),
-    # sources/collectives/ledger.py
+    # every collective of every source, recorded where spans are built (wire/collectives.py)
     Metric(METRIC_COLLECTIVE_DURATION, HISTOGRAM, "s",
            "Time of each collective, issue to completion (GPU time on NCCL with the flight "
            "recorder's timing).", SECONDS_BUCKETS),
     Metric(METRIC_COLLECTIVE_SIZE, COUNTER, "By", "Bytes of collectives (nccl-tests size)."),
-    # Owned by sources/collectives/ledger.py (every step with communication); sources/gpu/profiler.py
-    # sets the same instrument from a profiled window, its points marked by
+    # Owned by sources/collectives/assembly.py (every step with communication);
+    # sources/gpu/profiler.py sets the same instrument from a profiled window, its points marked by
     # training.overlap.method="profiler". One definition, so one description: the SDK hands
     # both sources the same instrument instead of warning of a conflicting one.
     Metric(METRIC_COMM_OVERLAP, GAUGE, "1",

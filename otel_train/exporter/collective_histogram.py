@@ -9,7 +9,7 @@ record many values of one attribute set at once, so this histogram aggregates th
 the series is found once per attribute set (the caller passes the same dict for a step's
 collectives of one op), each value is one ``bisect`` and a few additions, and at each
 collection :meth:`metric` returns the SDK's own ``Metric`` of ``HistogramDataPoint``s, which
-:class:`~otel_train.export.providers.Pipeline` adds to what its metric reader collected
+:class:`~otel_train.exporter.providers.Pipeline` adds to what its metric reader collected
 before the exporter sees it. The points are what the SDK's explicit-bucket aggregation
 would make: its buckets (``(lower, upper]``, from semconv's bucket advice), count, sum, min
 and max, cumulative from the first measurement (or delta, if the exporter prefers it), and

@@ -160,20 +160,20 @@ def test_the_budget_counts_collectives_not_bytes_of_the_plugins_records():
     summarise every step of the 2 x H200 job)."""
     from types import SimpleNamespace
 
-    from otel_train.sources.collectives import Ledger
+    from otel_train.sources.collectives.assembly import Assembly
     from otel_train.wire import nccl as nccl_rows
 
     record = (1, 7, 64, 100, 200, 0, 0, 2, 8, 0, 0, 0, 0, 2)
     packed = nccl_rows.pack([record] * 74)
     assert nccl_rows.count(packed) == 74 and nccl_rows.count([record] * 74) == 74
-    ledger = Ledger.__new__(Ledger)
-    ledger.summary = False
-    ledger.budget = collective_rows.SpanBudget(2000)
+    assembly = Assembly.__new__(Assembly)
+    assembly.summary = False
+    assembly.budget = collective_rows.SpanBudget(2000)
     step_ns = 125_000_000
-    decided = [ledger._summarise(SimpleNamespace(sampled=True, end_ns=i * step_ns), packed)
+    decided = [assembly.summarise(SimpleNamespace(sampled=True, end_ns=i * step_ns), packed)
                for i in range(200)]
     assert not any(decided)  # 74 a step, 8 steps a second: all their own spans
-    assert ledger._summarise(SimpleNamespace(sampled=True, end_ns=200 * step_ns),
-                             nccl_rows.pack([record] * 2001))  # over a second's worth
-    ledger.budget = None
-    assert not ledger._summarise(SimpleNamespace(sampled=True, end_ns=0), packed)
+    assert assembly.summarise(SimpleNamespace(sampled=True, end_ns=200 * step_ns),
+                              nccl_rows.pack([record] * 2001))  # over a second's worth
+    assembly.budget = None
+    assert not assembly.summarise(SimpleNamespace(sampled=True, end_ns=0), packed)

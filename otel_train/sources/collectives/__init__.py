@@ -1,12 +1,13 @@
 """Collectives: every all-gather, reduce-scatter, all-reduce, ... as a span, with bandwidth,
 exposed communication, overlap and stall detection.
 
-The hot path is in ``capture`` (wrappers, ProcessGroup hooks, DDP comm hook) and
-puts records; everything else happens here, on the emitter thread: pending collectives are
-kept by key until their completion record arrives, each finished step takes the collectives
-issued before its end (phase by time on the perf_counter clock: the phase whose interval
-holds the issue time; async ones may complete later and are emitted then), and every tick
-polls Works without a future, harvests the NCCL flight recorder and checks for stalls.
+The hot path is in ``capture`` (wrappers, ProcessGroup hooks, DDP comm hook) and puts
+records; everything else happens on the emitter thread (``ledger`` and the parts it names):
+pending collectives are kept by key until their completion record arrives, each finished step
+takes the collectives issued before its end (phase by time on the perf_counter clock: the
+phase whose interval holds the issue time; async ones may complete later and are emitted
+then), and every tick polls Works without a future, reads NCCL's records (the profiler
+plugin's or the flight recorder's) and checks for stalls.
 Definitions of the numbers: docs/collectives.md.
 """
 

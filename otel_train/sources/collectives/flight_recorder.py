@@ -10,8 +10,8 @@ created: see docs/collectives.md for which ones ``instrument()`` can still set.
 Only ``torch._C._distributed_c10d._dump_nccl_trace`` (pickle, read first: cheaper) or its
 JSON twin ``_dump_nccl_trace_json`` holds NCCL entries (the generic ``_dump_fr_trace*`` does
 not). Each poll reads the whole buffer (bounded by its size) and keeps what it has not
-finalized yet, by ``record_id``. The ring overwrites its oldest entries, so the Ledger reads
-before it fills and counts what was lost anyway (collectives.py). Entries recorded before
+finalized yet, by ``record_id``. The ring overwrites its oldest entries, so its route reads
+before it fills and counts what was lost anyway (fr_route.py). Entries recorded before
 instrumentation began belong to no step and are skipped.
 
 The dump's shape is torch's, not ours: a poll that cannot read it, or an entry of an unknown
