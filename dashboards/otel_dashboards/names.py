@@ -10,24 +10,16 @@ Recording rules and cAdvisor's series are not otel-train's metrics: they are spe
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
-_SEMCONV = Path(__file__).resolve().parents[2] / "otel_train" / "semconv.py"
+# the otel_train beside these dashboards (a checkout builds its own contract's names);
+# importing it imports neither torch nor the OpenTelemetry SDK (otel_train/__init__.py)
+_REPO = str(Path(__file__).resolve().parents[2])
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
 
-
-def _load_semconv():
-    # semconv.py imports nothing of otel_train; load the file alone so that generating
-    # dashboards never imports the otel_train package (and with it torch).
-    spec = importlib.util.spec_from_file_location("_otel_train_semconv", _SEMCONV)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while defining
-    spec.loader.exec_module(module)
-    return module
-
-
-semconv = _load_semconv()
+from otel_train import semconv  # noqa: E402
 
 RUN = semconv.PROM_RUN_LABEL  # training_run_id
 RANK = semconv.PROM_RANK_LABEL  # training_rank

@@ -209,7 +209,7 @@ class Records:
     """Plugin records not yet given to a step, kept as the plugin wrote them, with their
     issue and done times (perf_counter ns) read out by one strided copy: the emitter needs
     only those two per record (which step, exposed communication); the rest is read where
-    spans are built (nccl/rows.py)."""
+    spans are built (wire/nccl.py)."""
 
     _WORDS = RECORD.size // 8  # 8: t_issue is word 3, t_done word 4
 

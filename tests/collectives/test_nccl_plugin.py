@@ -276,7 +276,7 @@ assert nccl.Plugin(PATH).totals()["timing"] == "events"
 
 
 def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
-    """The expansion the exporter process runs (nccl/rows.py), on records as the plugin
+    """The expansion the exporter process runs (wire/nccl.py), on records as the plugin
     writes them: duration from the GPU stamps, nccl-tests bytes, parent by issue time."""
     spans, durations, sizes = [], [], []
 

@@ -290,3 +290,19 @@ def test_dashboard_provider_loads_the_generated_json():
     assert [(p["type"], p["folder"], p["allowUiUpdates"]) for p in providers] == [
         ("file", "otel-train", False)
     ]
+
+
+def test_the_dashboards_import_the_package_contract_and_not_torch():
+    # names.py takes the names from otel_train.semconv itself (no copy loaded by path), and
+    # building the dashboards never imports torch or the OpenTelemetry SDK
+    code = (f"import sys; sys.path.insert(0, {str(DASHBOARDS_DIR)!r})\n"
+            "import otel_dashboards\n"
+            "from otel_dashboards import names\n"
+            "import otel_train.semconv\n"
+            "assert names.semconv is otel_train.semconv\n"
+            "heavy = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')"
+            " or m.startswith('opentelemetry.sdk'))\n"
+            "assert not heavy, heavy\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -1,4 +1,4 @@
-"""training.collective.duration aggregated by otel-train (export/collective_histogram.py):
+"""training.collective.duration aggregated by otel-train (exporter/collective_histogram.py):
 the points are the SDK's own explicit-bucket histogram's, exemplars included, and a pipeline
 exports them once, beside the SDK's metrics."""
 

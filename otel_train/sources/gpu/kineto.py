@@ -8,7 +8,7 @@ HTA's non-compute pattern; each class's intervals are merged, and the overlap is
 both classes run at once over the merged communication time; like HTA, a trace with
 fractional (ns-resolution) timestamps has every event's start rounded up and end rounded
 down to whole µs first (pytorch/pytorch#122425). No pandas, no HTA needed here:
-``tests/gpu_sources/test_gpu_sources_trace.py`` and ``bench/bench_gpu.py`` check agreement with HTA.
+``tests/gpu_on_cpu/test_gpu_sources_trace.py`` and ``bench/bench_gpu.py`` check agreement with HTA.
 
 Run as ``python -m otel_train.sources.gpu.kineto TRACE.json[.gz] [--steps K]``: prints one
 JSON object (what the profiler source puts on its span and metrics).
