@@ -25,6 +25,8 @@ a few microseconds a record. Exits non-zero when the default arm misses one (``-
 the ``all`` arm (every collective its own span) is recorded for the comparison.
 
     python bench/bench_exporter.py [--seconds 8] [--arms auto,all] [--repeats 5] [--out FILE.md]
+
+Recorded: ``bench/results/exporter.md`` (this VM), ``gpu-h200-exporter.md`` (the 1 x H200 host).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ hooks on the training thread, its threads and the exporter process beside it) ad
 less wrappers is the tracker's own work.
 
 Usage: ``python bench/bench_hot_path.py [--blocks 10] [--steps 200] [--parts] [--out FILE.md]``
+(recorded: ``bench/results/hot-path-parts-cpu.md``, ``--parts``).
 """
 
 from __future__ import annotations

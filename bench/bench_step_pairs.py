@@ -53,6 +53,7 @@ an always-instrumented run never pays, then falls on one step in N.
 
 Usage: ``python bench/bench_step_pairs.py [--device cpu|cuda] [--pairs 1000] [--out FILE.md]``
 (``--json FILE`` for the raw per-step figures; ``--parts 6 --pairs 500`` for the parts).
+Recorded in ``bench/results/step-pairs-cpu.md`` (this VM) and ``step-pairs-h200-1gpu.md`` (one H200).
 """
 
 from __future__ import annotations

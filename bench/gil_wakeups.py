@@ -14,6 +14,7 @@ CPU spent getting back (inside ``sleep``: the wake and the lock) apart from the 
 check itself, and the same with the training thread idle (asleep), as the floor.
 
 Usage: ``python bench/gil_wakeups.py --device cuda --steps 300 --out FILE.md``
+(recorded: ``bench/results/gil-wakeups-h200.md``, ``gil-wakeups-cpu.md``).
 """
 
 from __future__ import annotations
