@@ -29,7 +29,7 @@ from otel_train import identity, semconv
 from otel_train.identity import Identity
 from otel_train.wire import CtxTuple
 from otel_train.wire import step as wire_step
-from otel_train.wire.step import StepRecord
+from otel_train.wire.step import PhaseRow, StepRecord
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_INT = int(_SAMPLED)
@@ -234,7 +234,7 @@ class StepAssembly:
                     p_start = over.get("start_ns", p_start + offset)
                     p_end = over.get("end_ns", p_end + offset)
                     added, error = over.get("attributes"), over.get("error")
-                phase_rows.append((phase, micro, p_start, p_end, span_id, added, error))
+                phase_rows.append(PhaseRow(phase, micro, p_start, p_end, span_id, added, error))
                 phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
                                     p_start, p_end))
         self.pipeline.step(info)
