@@ -61,10 +61,9 @@ class Config:
     #: the longest a record waits in the buffer while records come: the emitter drains
     #: this long after its last drain that found records, sooner when the buffer is half
     #: full or a source's deadline comes (a stall's, the flight recorder's reads), and
-    #: sleeps while nothing is recorded. Each wake-up has a fixed cost (~300 us of cold
-    #: caches on a busy 2-CPU host, bench/results/overhead-cpu-interval.md): once a second
-    #: cost ~90 us a rank-step less than five times a second there
-    #: (bench/results/overhead-cpu.md, arm i200), and telemetry leaves at most a second later
+    #: sleeps while nothing is recorded. Each wake-up has a fixed cost (cold caches, the
+    #: interpreter lock: docs/overhead.md), so fewer are cheaper; a second keeps telemetry
+    #: at most a second behind
     emit_interval_s: float = 1.0
     #: the longest the gap sampler sleeps while steps keep their typical length (a quarter
     #: of it until that length is known and for a while after a slow stretch): it lands
@@ -72,11 +71,10 @@ class Config:
     #: thread's stack while it is outside every phase (or in a data wait) there: where
     #: untimed time went (sources/gaps.py). A step that overruns by longer than this is
     #: always found: 200 ms, so that a host stretch a fifth of a second long on steps of
-    #: any length is named down to its line (tests/gpu/test_nccl_attribution.py: 0.4 s on
-    #: ~13 ms steps). Each wake-up has a fixed cost (~0.1 ms on a busy 2-CPU VM, ~56 us of
-    #: kernel CPU on the H200 host): five a second at most, once a step where steps are
-    #: longer than 130 ms, ~0 while training is paused. 0 turns sampling off; the gaps are
-    #: still named
+    #: any length is named down to its line (tests/gpu/test_nccl_attribution.py holds it on
+    #: short NCCL steps). Each wake-up has a fixed cost (docs/overhead.md): five a second at
+    #: most, about once a step where steps are longer, none while training is paused. 0
+    #: turns sampling off; the gaps are still named
     gap_sample_s: float = 0.2
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0

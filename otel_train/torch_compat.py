@@ -271,8 +271,8 @@ def event_recorder() -> Callable[[Any], None]:
     """``record(event)``: what ``event.record()`` does (the event marked on the current
     stream of the current device), without ``torch.cuda.current_stream()``'s Python: that
     builds a new ``Stream`` object at every call and finds the device through three more
-    frames: 7.1 us a record against 2.3 this way on the H200 host, warm
-    (bench/results/gpu-h200-cuda-hooks.md), at six records a step on the training thread. The streams are kept by what
+    frames, about three times this way's cost on the training thread, which records several
+    events a step (docs/gpu.md, bench/bench_cuda_hooks.py). The streams are kept by what
     ``_cuda_getCurrentStream`` returns (stream id, device index, device type: a stream's id
     names it for its life). Falls back to ``event.record()`` where those bindings moved."""
     try:

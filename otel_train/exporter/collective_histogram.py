@@ -1,9 +1,9 @@
 """``training.collective.duration``, aggregated here and handed to the SDK's exporters whole.
 
-Every collective is measured (issue 15: summaries and sampling reduce spans, never what is
-measured), and at 50,000 collectives a second a rank the OpenTelemetry SDK's per-measurement
-path was the exporter's largest cost: ~8 us a measurement on this project's VM, ~12 us on
-the H200 hosts, most of it cleaning and hashing the attribute set again on every call
+Every collective is measured (summaries and sampling reduce spans, never what is measured),
+and at tens of thousands of collectives a second a rank the OpenTelemetry SDK's
+per-measurement path would be the exporter's largest cost (docs/overhead.md), most of it
+cleaning and hashing the attribute set again on every call
 (``Measurement.__post_init__``, ``_hash_attributes``). The Python SDK has no interface to
 record many values of one attribute set at once, so this histogram aggregates them itself:
 the series is found once per attribute set (the caller passes the same dict for a step's

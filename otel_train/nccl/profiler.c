@@ -305,10 +305,9 @@ static int64_t g_poll_ns = 25000000;
 /* Measurement switches (bench/multigpu): OTEL_TRAIN_NCCL_SELF_TIME=1 adds up the thread CPU
  * spent in this plugin's callbacks on NCCL's enqueuing threads (two CPU-clock reads per
  * callback, ~0.2 us each, partly counted); OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1 completes
- * finished launches on the enqueuing thread too, not only on the poller. Measured on 2 x
- * H200 (call 22, docs/overhead.md): the poller saved 0.6 ms a rank-step, the training
- * threads paid 1.0 ms more (the driver's event calls cost as much there as on the poller),
- * so it is off. */
+ * finished launches on the enqueuing thread too, not only on the poller. It is off: where the
+ * driver's event calls cost as much on the enqueuing thread as on the poller, the training
+ * threads pay more than the poller saves (docs/collectives.md). */
 static int g_self_time = 0;
 static int g_harvest_on_enqueue = 0;
 static _Atomic uint64_t g_cb_ns, g_cb_n, g_harvest_enqueue_ns;
@@ -431,11 +430,10 @@ static _Atomic uint64_t g_by_enqueuer; /* launches completed on the enqueuing th
  * Who calls it: the poller, every OTEL_TRAIN_NCCL_POLL_MS; with
  * OTEL_TRAIN_NCCL_COMPLETE_ON_ENQUEUE=1 also the thread that enqueues a collective, for the
  * earlier launches on the same stream, right after launching its kernel (launch_stop); and
- * otel_train_nccl_complete(), when instrumentation ends. On one H200 host the driver's event
- * calls cost ~0.25 us there and ~3 us on a thread that waits for the driver's lock while the
- * training thread records events; on the 2 x H200 host they cost 1.3-2.8 us on any thread,
- * and completing on the enqueuing thread added 13 us per collective to the training threads
- * (bench/nccl/driver_calls.c, docs/overhead.md "The plugin's floor"). */
+ * otel_train_nccl_complete(), when instrumentation ends. The driver's event calls are cheap
+ * on the poller and can be dear on a thread that waits for the driver's lock while the
+ * training thread records events (bench/nccl/driver_calls.c measures them;
+ * docs/overhead.md). */
 static int harvest(CUstream stream, otp_launch* before) {
   otp_launch* batch[64];
   int n = 0, k = 0;

@@ -55,7 +55,7 @@ def auto_declines(version: tuple[int, ...] | None, bound: bool, ran: bool | None
     """Why ``nccl_plugin="auto"`` leaves NCCL to the flight recorder, or None to name the
     plugin: NCCL too old for its interface, communicators made already (eagerly, or by an
     operation that ran), no way to tell, or a world of one rank (NCCL runs a one-rank
-    communicator's operations without calling its profiler: measured on an H200, call 30)."""
+    communicator's operations without calling its profiler, as seen on an H200)."""
     if world_size < 2:
         return "one rank: NCCL runs one-rank communicators without its profiler plugin"
     if version is None or version[:2] < _MIN_NCCL:
