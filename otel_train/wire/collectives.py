@@ -39,6 +39,12 @@ Row = tuple[str, str, str, str, int, int, str, "tuple[int, ...] | None", bool, i
             int, str, "float | None", "tuple[int, float] | None", "str | None", int]
 
 
+#: a Row's fields by position: ``row[ISSUE]`` is when it was issued (rows stay plain tuples,
+#: which build and pickle at a fraction of a NamedTuple's cost, once per collective)
+(OP, API, BACKEND, GROUP, GROUP_SIZE, NBYTES, DTYPE, SHAPE, ASYNC, ISSUE, END, DONE, SEQ, SOURCE,
+ GPU_S, STALLED, ERROR, SPAN_ID) = range(18)
+
+
 class Spec(NamedTuple):
     """What the expansion needs of the step the collectives belong to; plain values."""
 
@@ -91,9 +97,9 @@ class SpanBudget:
 
 def seconds(row: Row) -> float:
     """GPU time where measured, else host time from issue to done (0 if never done)."""
-    if row[14] is not None:
-        return row[14]
-    return max(0, row[10] - row[9]) / 1e9 if row[11] else 0.0
+    if row[GPU_S] is not None:
+        return row[GPU_S]
+    return max(0, row[END] - row[ISSUE]) / 1e9 if row[DONE] else 0.0
 
 
 def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
@@ -111,7 +117,7 @@ def expand(spec: Spec, rows: Sequence[Row], span: Callable[..., Any],
     for row in rows:
         parent = rank_step
         for ctx, start, end in phases:
-            if start <= row[9] < end:
+            if start <= row[ISSUE] < end:
                 parent = ctx
                 break
         parented.append((row, parent))
@@ -131,7 +137,7 @@ def _points(spec: Spec, rows: Sequence[Row], duration: Callable[..., Any],
     one a histogram's tail links to, without the exemplar machinery for every row."""
     attrs_of: dict[tuple[str, str], list[Any]] = {}
     for row in rows:
-        key = (row[0], row[2])
+        key = (row[OP], row[BACKEND])
         entry = attrs_of.get(key)
         if entry is None:
             entry = attrs_of[key] = [[], 0, -1.0, -1]  # durations, bytes, slowest, its index
@@ -140,7 +146,7 @@ def _points(spec: Spec, rows: Sequence[Row], duration: Callable[..., Any],
         if secs > entry[2]:
             entry[2], entry[3] = secs, len(durations)
         durations.append(secs)
-        entry[1] += row[5]
+        entry[1] += row[NBYTES]
     exemplar = (trace.set_span_in_context(NonRecordingSpan(context_of(spec.rank_step)))
                 if spec.sampled else None)
     for (op, backend), (durations, nbytes, _, slowest) in attrs_of.items():
@@ -209,14 +215,14 @@ def _summaries(spec: Spec, parented: list[tuple[Row, SpanContext]],
                span: Callable[..., Any]) -> None:
     groups: dict[tuple[Any, ...], list[tuple[Row, SpanContext]]] = {}
     for row, parent in parented:
-        key = (parent.span_id, row[0], row[3], row[2], row[13])
+        key = (parent.span_id, row[OP], row[GROUP], row[BACKEND], row[SOURCE])
         groups.setdefault(key, []).append((row, parent))
     for members in groups.values():
         times = sorted(seconds(r) for r, _ in members)
         slow = max(SLOW_MIN_S, SLOW_FACTOR * times[len(times) // 2])
         rest = []
         for row, parent in members:
-            if row[15] is not None or row[16] or not row[11] or seconds(row) > slow:
+            if row[STALLED] is not None or row[ERROR] or not row[DONE] or seconds(row) > slow:
                 _span(spec, row, parent, span)  # on its own: what someone will want to open
             else:
                 rest.append((row, parent))
@@ -229,28 +235,28 @@ def _summaries(spec: Spec, parented: list[tuple[Row, SpanContext]],
 def _summary_span(spec: Spec, members: list[tuple[Row, SpanContext]],
                   span: Callable[..., Any]) -> None:
     rows = [r for r, _ in members]
-    first, parent = min(members, key=lambda m: m[0][9])
-    nbytes = sum(r[5] for r in rows)
-    gpu = [r[14] for r in rows if r[14] is not None]
-    dtypes = {r[6] for r in rows}
-    seqs = [r[12] for r in rows]
+    first, parent = min(members, key=lambda m: m[0][ISSUE])
+    nbytes = sum(r[NBYTES] for r in rows)
+    gpu = [r[GPU_S] for r in rows if r[GPU_S] is not None]
+    dtypes = {r[DTYPE] for r in rows}
+    seqs = [r[SEQ] for r in rows]
     attrs: dict[str, Any] = {
         **spec.base, semconv.ATTR_STEP: spec.step,
-        semconv.ATTR_COLLECTIVE_OP: first[0], semconv.ATTR_COLLECTIVE_BACKEND: first[2],
+        semconv.ATTR_COLLECTIVE_OP: first[OP], semconv.ATTR_COLLECTIVE_BACKEND: first[BACKEND],
         semconv.ATTR_COLLECTIVE_BYTES: nbytes,
-        semconv.ATTR_COLLECTIVE_GROUP_SIZE: first[4],
+        semconv.ATTR_COLLECTIVE_GROUP_SIZE: first[GROUP_SIZE],
         semconv.ATTR_COLLECTIVE_SEQ: min(seqs), semconv.ATTR_COLLECTIVE_SEQ_LAST: max(seqs),
-        semconv.ATTR_COLLECTIVE_DTYPE: first[6] if len(dtypes) == 1 else "mixed",
-        semconv.ATTR_COLLECTIVE_GROUP: first[3], semconv.ATTR_COLLECTIVE_API: first[1],
-        semconv.ATTR_COLLECTIVE_ASYNC: any(r[8] for r in rows),
-        semconv.ATTR_COLLECTIVE_SOURCE: first[13],
+        semconv.ATTR_COLLECTIVE_DTYPE: first[DTYPE] if len(dtypes) == 1 else "mixed",
+        semconv.ATTR_COLLECTIVE_GROUP: first[GROUP], semconv.ATTR_COLLECTIVE_API: first[API],
+        semconv.ATTR_COLLECTIVE_ASYNC: any(r[ASYNC] for r in rows),
+        semconv.ATTR_COLLECTIVE_SOURCE: first[SOURCE],
         semconv.ATTR_COLLECTIVE_COUNT: len(rows),
-        semconv.ATTR_COLLECTIVE_TOTAL_S: sum(max(0, r[10] - r[9]) for r in rows) / 1e9,
+        semconv.ATTR_COLLECTIVE_TOTAL_S: sum(max(0, r[END] - r[ISSUE]) for r in rows) / 1e9,
     }
-    bus = collectives_math.bus_bandwidth_gbps(first[0], nbytes, sum(seconds(r) for r in rows),
-                                              first[4])
+    bus = collectives_math.bus_bandwidth_gbps(first[OP], nbytes, sum(seconds(r) for r in rows),
+                                              first[GROUP_SIZE])
     if bus is not None:
         attrs[semconv.ATTR_COLLECTIVE_BUS_BW] = bus
     if gpu:
         attrs[semconv.ATTR_COLLECTIVE_GPU_DURATION] = sum(gpu)
-    span(semconv.SPAN_COLLECTIVE, parent, first[9], max(r[10] for r in rows), attrs)
+    span(semconv.SPAN_COLLECTIVE, parent, first[ISSUE], max(r[END] for r in rows), attrs)
