@@ -7,15 +7,8 @@
 #   the tests), CUDA_ROUNDS (0; N: N rounds of CUDA pairs by part, C against Python tracker),
 #   WAKEUP_STEPS (0; N: bench/gil_wakeups.py over N CUDA steps, 2 rounds)
 set -u
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-  NVSHMEM_DISABLE_NVLS=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD
-ext=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-inc=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
-gcc -O2 -shared -fPIC -Wall -I"$inc" otel_train/_fastpath.c -o "otel_train/_fastpath$ext" \
-  2>&1 | tee "$OUT/build.txt"
+# the NCCL environment, the carried wheels in /tmp/site, the C tracker built ($OUT/build.txt)
+source bench/device_setup.sh
 python3 - <<'EOF' | tee "$OUT/env.txt"
 import platform, torch, otel_train.tracker as t
 print("python", platform.python_version(), "torch", torch.__version__,
