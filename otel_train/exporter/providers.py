@@ -134,7 +134,6 @@ class Accounts:
                                           ("dropped", self.lost))}
 
 
-#: the signals the accounts keep
 class _CountingSpanExporter(SpanExporter):
     def __init__(self, inner: SpanExporter, accounts: Accounts) -> None:
         self._inner, self._accounts = inner, accounts

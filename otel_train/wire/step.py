@@ -88,8 +88,8 @@ class StepRecord:
     gpu_ends: list[tuple[int, int]] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # what crosses to the exporter process: the wire fields, as one tuple
-        # phase rows as plain tuples: a NamedTuple pickles at about twice the cost
+        # what crosses to the exporter process: the wire fields, in WIRE_FIELDS' order, the
+        # phase rows as plain tuples (a NamedTuple pickles at about twice the cost)
         values = list(_wire_values(self))
         values[_PHASES_AT] = [tuple(row) for row in self.phases]
         return _from_wire, (values,)
