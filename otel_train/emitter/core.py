@@ -106,6 +106,10 @@ class Emitter:
         self.hold_steps = self.steps.hold_steps
         self.release_steps = self.steps.release_steps
         self.emit_log = self.logs.emit_log
+        #: the emitter's own records by kind (the sources' EVENT records go to their handlers)
+        self._by_kind: dict[str, Callable[[tuple[Any, ...]], None]] = {
+            PHASE: self.steps.on_phase, STEP: self.steps.on_step,
+            LOG: lambda record: self.logs.captured(*record[1:])}
         self.count_drop = self.losses.count_drop
         self.total_dropped = self.losses.total_dropped
 
@@ -244,10 +248,7 @@ class Emitter:
         """Drain the buffer and hand on what it held; how many records it held."""
         budget = _Backpressure(self.pipeline, 0.1 if final or self._stop.is_set() else 0.5)
         records = self.recorder.drain()
-        handlers, steps = self._handlers, self.steps
-        by_kind = {PHASE: steps.on_phase, STEP: steps.on_step,
-                   LOG: lambda record: self.logs.captured(*record[1:])}
-        ignore = _ignore
+        handlers, steps, by_kind, ignore = self._handlers, self.steps, self._by_kind, _ignore
         for at in range(0, len(records), 64):
             budget.wait_for_room()
             if at % 4096 == 4032:  # a long backlog leaves in parts, not all at the end

@@ -41,6 +41,26 @@ def test_the_c_tracker_is_built_and_chosen_by_default() -> None:
     assert tracker.tracker_class(fastpath=False) is tracker.PyStepTracker
 
 
+
+def test_a_c_tracker_of_another_record_layout_is_refused_and_python_runs(monkeypatch) -> None:
+    """The C core builds the records wire/hot_path.py lays out; handed another layout (a
+    build older than the Python beside it) it refuses, and the Python tracker runs."""
+    if tracker.CStepTracker is None and not binaries_required():
+        pytest.skip("the C tracker is not built here")
+    from otel_train import _fastpath
+    from otel_train.wire import hot_path
+
+    moved = (*hot_path.STEP_FIELDS[:-2], "tokens", "samples")  # two fields swapped
+    with pytest.raises(ValueError, match="step records"):
+        _fastpath.configure(phase_record=PHASE, step_record=STEP, data_wait="d", forward="f",
+                            optimizer="o", phase_fields=hot_path.PHASE_FIELDS,
+                            step_fields=moved)
+    monkeypatch.setattr(tracker, "STEP_FIELDS", moved)
+    with pytest.warns(RuntimeWarning, match="the Python tracker runs instead"):
+        assert tracker._configure_fastpath() is None
+    monkeypatch.undo()
+    assert tracker._configure_fastpath() is _fastpath  # the real layout: accepted again
+
 def _pair(capacity: int = 1 << 20, **kw: Any) -> list[tracker.StepTracker]:
     out = []
     for cls in (tracker.PyStepTracker, tracker.CStepTracker):
