@@ -15,6 +15,7 @@ before ``instrument()``.
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import hashlib
 import os
@@ -206,10 +207,15 @@ def loaded() -> Plugin | None:
 
 
 class Records:
-    """Plugin records not yet given to a step, kept as the plugin wrote them, with their
-    issue and done times (perf_counter ns) read out by one strided copy: the emitter needs
-    only those two per record (which step, exposed communication); the rest is read where
-    spans are built (wire/nccl.py)."""
+    """Plugin records not yet given to a step, kept as the plugin wrote them and ordered by
+    issue time, with their issue and done times (perf_counter ns) read out by one strided
+    copy: the emitter needs only those two per record (which step, exposed communication);
+    the rest is read where spans are built (wire/nccl.py).
+
+    The records of a second of steps wait here until their steps are released one by one:
+    each step takes the records issued before its end off the front (a binary search and
+    one slice), never a pass over all of them.
+    """
 
     _WORDS = RECORD.size // 8  # 8: t_issue is word 3, t_done word 4
 
@@ -217,9 +223,10 @@ class Records:
         self.raw = bytearray()
         self.issue: list[int] = []
         self.done: list[int] = []
+        self._head = 0  # records before it are taken (compacted once they are half)
 
     def __len__(self) -> int:
-        return len(self.issue)
+        return len(self.issue) - self._head
 
     def add(self, data: bytes, since: int = 0) -> None:
         """Records from :meth:`Plugin.read_raw`; those issued before ``since`` are dropped."""
@@ -233,34 +240,49 @@ class Records:
             data = _select(data, keep)
             issue = [issue[i] for i in keep]
             done = [done[i] for i in keep]
+        if not issue:
+            return
+        self._compact()
+        if (self.issue and issue[0] < self.issue[-1]) or issue != sorted(issue):
+            # the plugin writes an operation when it finishes: communicators and streams
+            # finish out of issue order now and then; sort what waits (stable: ties keep
+            # the order read)
+            raw, issue, done = self.raw + data, self.issue + issue, self.done + done
+            order = sorted(range(len(issue)), key=issue.__getitem__)
+            self.raw = bytearray(_select(raw, order))
+            self.issue = [issue[i] for i in order]
+            self.done = [done[i] for i in order]
+            return
         self.raw += data
         self.issue += issue
         self.done += done
 
     def take_before(self, end: int) -> tuple[bytes, list[int], list[int]]:
-        """Remove and return the records issued before ``end``: (bytes, issue, done)."""
-        issue = self.issue
-        if not issue:
+        """Remove and return the records issued before ``end``, in issue order:
+        (bytes, issue, done)."""
+        head, issue = self._head, self.issue
+        k = bisect.bisect_left(issue, end, head)
+        if k == head:
             return b"", [], []
-        if max(issue) < end:  # the usual case: all of them
-            out = (bytes(self.raw), issue, self.done)
-            self.raw, self.issue, self.done = bytearray(), [], []
-            return out
-        mine = [i for i, t in enumerate(issue) if t < end]
-        if not mine:
-            return b"", [], []
-        rest = [i for i, t in enumerate(issue) if t >= end]
-        done = self.done
-        out = (_select(self.raw, mine), [issue[i] for i in mine], [done[i] for i in mine])
-        self.raw = bytearray(_select(self.raw, rest))
-        self.issue = [issue[i] for i in rest]
-        self.done = [done[i] for i in rest]
+        size = RECORD.size
+        out = (bytes(self.raw[head * size:k * size]), issue[head:k], self.done[head:k])
+        self._head = k
+        if k == len(issue):  # the usual case: all of them
+            self.raw, self.issue, self.done, self._head = bytearray(), [], [], 0
         return out
 
     def take_all(self) -> bytes:
-        out = bytes(self.raw)
-        self.raw, self.issue, self.done = bytearray(), [], []
+        out = bytes(self.raw[self._head * RECORD.size:])
+        self.raw, self.issue, self.done, self._head = bytearray(), [], [], 0
         return out
+
+    def _compact(self) -> None:
+        head = self._head
+        if head:
+            del self.raw[:head * RECORD.size]
+            del self.issue[:head]
+            del self.done[:head]
+            self._head = 0
 
 
 def _select(data: bytes | bytearray, indexes: list[int]) -> bytes:

@@ -315,7 +315,7 @@ def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
 def test_records_kept_as_bytes_split_by_step_as_the_tuples_would():
     """The emitter keeps the plugin's records as written (nccl.Records) and reads only their
     issue and done times: the split by step end, the start filter and the communicators
-    must be those of the unpacked tuples."""
+    must be those of the unpacked tuples; a step's records come in issue order."""
     func = nccl.FUNCS.index("all_gather")
     big = 2**63 + 5  # a communicator hash with its top bit set
     rows = [(big if i % 3 else 7, i, 64, 1_000 * i, 1_000 * i + 500, 0, 0, func, 10, 0, 0, 2,
@@ -327,12 +327,16 @@ def test_records_kept_as_bytes_split_by_step_as_the_tuples_would():
     kept = [r for r in rows if r[3] >= 2_000]
     assert len(records) == len(kept)
     raw, issue, done = records.take_before(6_000)
-    mine = [r for r in kept if r[3] < 6_000]
+    mine = sorted((r for r in kept if r[3] < 6_000), key=lambda r: r[3])
     assert list(nccl.RECORD.iter_unpack(raw)) == mine
     assert issue == [r[3] for r in mine] and done == [r[4] for r in mine]
     assert nccl.comms_of(raw) == {7: 2, big: 4}
-    raw, issue, _ = records.take_before(100_000)  # the rest, in the order read
-    assert list(nccl.RECORD.iter_unpack(raw)) == [r for r in kept if r[3] >= 6_000]
+    records.add(nccl_rows.pack(rows[2:3]))  # issued before what waits: sorted in
+    raw, issue, _ = records.take_before(6_000)
+    assert list(nccl.RECORD.iter_unpack(raw)) == [rows[2]]
+    raw, issue, _ = records.take_before(100_000)  # the rest
+    assert list(nccl.RECORD.iter_unpack(raw)) == sorted(
+        (r for r in kept if r[3] >= 6_000), key=lambda r: r[3])
     assert len(records) == 0 and records.take_before(100_000) == (b"", [], [])
 
 
