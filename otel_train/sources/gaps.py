@@ -59,6 +59,8 @@ CHASE_MAX_S = 30.0
 OVERRUN = 1.5
 #: the steps whose median is the typical length (at least MIN_STEPS of them)
 RECENT_STEPS, MIN_STEPS = 32, 3
+#: ... or, where shorter, the shortest mean step length between the last LIVE_SPANS looks
+LIVE_SPANS = 8
 #: until the typical length is known, and for RECENT_S after a look that sampled a stretch
 #: (slow stretches come back), the sampler lands FAST_FACTOR times as often
 FAST_FACTOR = 4
@@ -153,7 +155,13 @@ class GapSource:
         self._thread: threading.Thread | None = None
         #: the recent steps' lengths (ns), appended on the emitter thread
         self._lengths: collections.deque[int] = collections.deque(maxlen=RECENT_STEPS)
-        self._chase = 0  # looks in a row that found a stretch or an overrun
+        self._chase = 0  # looks in a row that found the same stretch or overrun
+        self._chasing: tuple[int, int | None] | None = None  # which: (step, stretch start)
+        self._found_since = 0  # perf ns: when what the last look found began
+        #: the training thread's (step, its start) at the last look, and the mean step
+        #: lengths between the last few looks that saw steps begin (typical_ns)
+        self._seen: tuple[int, int | None] = (0, None)
+        self._spans: collections.deque[int] = collections.deque(maxlen=LIVE_SPANS)
         self._found_at = -(1 << 62)  # perf ns of the last look that sampled a stretch
         self.wakeups = 0
         ctx.emitter.before_step(self._on_step)
@@ -183,32 +191,64 @@ class GapSource:
                 wait = self.interval_s
 
     def typical_ns(self) -> int | None:
-        """The median length of the recent steps (ns); None before MIN_STEPS of them."""
+        """The typical step length (ns): the median of the recent emitted steps (MIN_STEPS of
+        them at least), or, where shorter, what the training thread's own step counter shows
+        between the sampler's looks (the shortest of the last few spans' mean step lengths:
+        steps are emitted once a drain, so early in a run their median can still be that of
+        the first, slow steps while the loop already runs short ones); None before either."""
         lengths = sorted(tuple(self._lengths))  # one copy: the emitter thread appends
-        return lengths[len(lengths) // 2] if len(lengths) >= MIN_STEPS else None
+        emitted = lengths[len(lengths) // 2] if len(lengths) >= MIN_STEPS else None
+        live = min(self._spans) if self._spans else None
+        if emitted is None or (live is not None and live < emitted):
+            return live
+        return emitted
 
-    def _look(self, now: int) -> bool:
-        """Sample the training thread if it is in a stretch ``SAMPLE_AGE_S`` old or older;
-        True if it did, or if its step has run past ``OVERRUN`` times its typical length
-        (a stretch may follow)."""
-        if self._sample_once(int(SAMPLE_AGE_S * 1e9), now):
-            self._found_at = now
-            return True
-        tracker, typical = self.tracker, self.typical_ns()
-        start = tracker.step_start_ns
-        return bool(tracker.enabled and typical is not None and start is not None
-                    and now - start > OVERRUN * typical)
+    def _observe_steps(self) -> None:
+        """The mean length of the steps the training thread began since the last look."""
+        tracker = self.tracker
+        step, start = tracker.step, tracker.step_start_ns
+        if start is None:
+            return
+        last_step, last_start = self._seen
+        if last_start is not None and step > last_step and start > last_start:
+            self._spans.append((start - last_start) // (step - last_step))
+        self._seen = (step, start)
 
-    def _next_look(self, found: bool) -> float:
-        """Seconds to the next look: SAMPLE_AGE_S, growing BACKOFF-fold, while looks find
-        something; else the first point ``OVERRUN`` typical lengths into a step (the steps
-        are assumed to follow the current one at their typical length) ``gap_sample_s`` from
-        now or later: a step that overruns by longer than that is always found."""
+    def _look(self, now: int) -> tuple[int, int | None] | None:
+        """Sample the training thread if it is in a stretch ``SAMPLE_AGE_S`` old or older, or
+        see whether its step has run past ``OVERRUN`` times its typical length (a stretch
+        may follow): what it found, as (step, the stretch's start or None for an overrun),
+        or None."""
+        self._observe_steps()
+        since = self._sample_once(int(SAMPLE_AGE_S * 1e9), now)
+        tracker = self.tracker
+        if since is not None:
+            self._found_at, self._found_since = now, since
+            return tracker.step, since
+        typical, start = self.typical_ns(), tracker.step_start_ns
+        if (tracker.enabled and typical is not None and start is not None
+                and now - start > OVERRUN * typical):
+            self._found_since = start
+            return tracker.step, None
+        return None
+
+    def _next_look(self, found: tuple[int, int | None] | None) -> float:
+        """Seconds to the next look: SAMPLE_AGE_S, growing BACKOFF-fold, while looks find the
+        same stretch or overrun (a new one, in another step or after another phase, starts
+        again at SAMPLE_AGE_S: back-to-back slow steps are each sampled), but never longer
+        than ``gap_sample_s`` or what it has lasted so far, whichever is longer (one that
+        ends soon is not followed by a long sleep that a next one falls into); else the first
+        point ``OVERRUN`` typical lengths into a step (the steps are assumed to follow the
+        current one at their typical length) ``gap_sample_s`` from now or later: a step
+        that overruns by longer than that is always found."""
         now = _now()
-        if found:
+        if found is not None:
+            if found != self._chasing:
+                self._chasing, self._chase = found, 0
             self._chase += 1
-            return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S)
-        self._chase = 0
+            lasted = max(self.interval_s, (now - self._found_since) / 1e9)
+            return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S, lasted)
+        self._chasing, self._chase = None, 0
         typical, start = self.typical_ns(), self.tracker.step_start_ns
         floor = self.interval_s
         if typical is None or now - self._found_at < RECENT_S * 1e9:
@@ -219,32 +259,35 @@ class GapSource:
         target = start + int(OVERRUN * typical)
         if target < earliest:
             target += -(-(earliest - target) // typical) * typical  # whole steps later
-        return (target - now) / 1e9
+        # never more than a typical length past the floor: where the typical length is
+        # still that of slower steps before (the first ones), the next look comes soon
+        # enough to see what the shorter steps now do
+        return min(target - now, max(earliest - now, typical)) / 1e9
 
-    def _sample_once(self, age_ns: int, now: int | None = None) -> bool:
+    def _sample_once(self, age_ns: int, now: int | None = None) -> int | None:
         """Sample the training thread if it has been outside every phase, or in one data
-        wait, for ``age_ns`` or more; True if it did."""
+        wait, for ``age_ns`` or more; the sampled stretch's start (perf ns) if it did."""
         tracker = self.tracker
         if not tracker.enabled:
-            return False
+            return None
         phase = tracker.phase
         if phase is None:
             since = tracker.idle_since_ns
         elif phase == DATA_WAIT:
             since = tracker.phase_start_ns
         else:
-            return False
+            return None
         now = _now() if now is None else now
         if not since or now - since < age_ns:
-            return False
+            return None
         frame = sys._current_frames().get(tracker.thread_id)
         if frame is None or tracker.phase is not phase:  # it moved on meanwhile
-            return False
+            return None
         stack = user_frames(frame, self._kinds)
         del frame
         worker = torch_compat.waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
         self.samples.append((now, stack, worker))
-        return True
+        return since
 
     # --- the emitter thread ----------------------------------------------------------
     def _on_step(self, info: Any) -> None:

@@ -140,3 +140,35 @@ def test_a_short_host_stretch_on_short_steps_is_named_to_its_line(tmp_path, at):
     assert gap[semconv.ATTR_GAP_SEGMENT] == "between forward and backward", gap
     assert str(gap.get(semconv.ATTR_CODE_FUNCTION)).startswith("slow_stretch"), gap
     assert gap[semconv.ATTR_CODE_FILE].endswith("test_wakeups.py"), gap
+
+
+@pytest.mark.parametrize("early_s", [0.012, 0.3])
+def test_back_to_back_host_stretches_early_in_a_run_are_each_named(tmp_path, early_s):
+    """As on NCCL ranks (tests/gpu/test_nccl_attribution.py's CPU straggler): 0.4 s of host
+    work in steps 5, 8 and 11 of a 14-step run, after first steps of ``early_s``. Each
+    stretch is sampled: the sampler's backoff follows one stretch, not a run of them, and
+    a typical length still that of the slow first steps does not put it to sleep past the
+    next one."""
+    model, opt = _model()
+    x = torch.randn(2, 4)
+    run_id = f"early-{early_s}"
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id=run_id):
+        for step in range(14):
+            with torch.no_grad():
+                model(x)
+            time.sleep(early_s if step < 3 else 0.012)
+            loss = model(x).sum()
+            if step in (5, 8, 11):
+                slow_stretch(0.4)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    found = {}
+    for s in _rank_steps(tmp_path / run_id):
+        gaps = [otlp_files.attrs(e) for e in s.get("events", [])
+                if e["name"] == semconv.EVENT_GAP]
+        if s["attrs"][semconv.ATTR_STEP] in (5, 8, 11) and gaps:
+            gap = max(gaps, key=lambda e: e[semconv.ATTR_GAP_DURATION])
+            found[s["attrs"][semconv.ATTR_STEP]] = str(gap.get(semconv.ATTR_CODE_FUNCTION))
+    assert sorted(found) == [5, 8, 11], found
+    assert all(f.startswith("slow_stretch") for f in found.values()), found
