@@ -80,7 +80,10 @@ def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
 
 
 def measure(intervals: list[Interval]) -> int:
-    return sum(e - s for s, e in intervals)
+    total = 0
+    for s, e in intervals:  # a loop: sum() over a generator costs twice as much
+        total += e - s
+    return total
 
 
 def exposed_and_total(comm: list[Interval], blocking: list[Interval],
@@ -91,5 +94,9 @@ def exposed_and_total(comm: list[Interval], blocking: list[Interval],
     thread is blocked in them, so computes nothing); ``compute``: the forward, backward and
     optimizer phases. Exposed = in flight while nothing computes."""
     in_flight = clip(union(comm), lo, hi)
-    busy = subtract(union(compute), union(blocking))
+    if not in_flight:
+        return 0, 0
+    busy = union(compute)
+    if blocking:  # none on the NCCL plugin's route: subtracting nothing leaves ``busy``
+        busy = subtract(busy, union(blocking))
     return measure(subtract(in_flight, busy)), measure(in_flight)

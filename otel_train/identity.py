@@ -181,6 +181,26 @@ def rank_step_span_id(run_id: str, step: int, rank: int) -> int:
     return _nonzero(int.from_bytes(_digest(run_id, "step", step, "rank", rank)[:8], "big"))
 
 
+class StepIds:
+    """:func:`step_trace_id` and :func:`rank_step_span_id` of one rank's steps, once a step
+    on the emitter thread: the same bytes hashed, the run's prefix hashed once and copied
+    (the ids are the same on every rank and in every module that derives them)."""
+
+    __slots__ = ("_prefix", "_rank")
+
+    def __init__(self, run_id: str, rank: int) -> None:
+        self._prefix = hashlib.blake2b(f"{run_id}\x1fstep\x1f".encode(), digest_size=16)
+        self._rank = f"\x1frank\x1f{rank}".encode()
+
+    def of(self, step: int) -> tuple[int, int]:
+        """(step_trace_id, rank_step_span_id) of ``step``."""
+        h = self._prefix.copy()
+        h.update(str(step).encode())
+        trace_id = _nonzero(int.from_bytes(h.digest(), "big"))
+        h.update(self._rank)
+        return trace_id, _nonzero(int.from_bytes(h.digest()[:8], "big"))
+
+
 def run_trace_id(run_id: str) -> int:
     """Trace of the ``train.run`` spans when no launcher context is given."""
     return _nonzero(int.from_bytes(_digest(run_id, "run"), "big"))

@@ -33,6 +33,7 @@ from otel_train.wire.step import PhaseRow, StepRecord
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_INT = int(_SAMPLED)
+_UNSAMPLED = TraceFlags(0)
 
 StepListener = Callable[[StepRecord], None]
 
@@ -80,6 +81,7 @@ class StepAssembly:
         self.console = console
         self._swallowed = swallowed  # counts (and logs the first) error it is given
         self._decide = _step_decision(sampler)
+        self._ids = identity.StepIds(ident.run_id, ident.rank).of  # (trace id, rank span id)
         self._getrandbits = random.Random().getrandbits  # phase span ids (not the user's RNG)
         self._console_debug = console is not None and _debug_enabled(console)
         self._phases: dict[int, list[tuple[Any, ...]]] = collections.defaultdict(list)
@@ -88,6 +90,7 @@ class StepAssembly:
         self.step_listeners: tuple[StepListener, ...] = ()
         self.pre_step_listeners: tuple[StepListener, ...] = ()
         self._step_gates: list[Callable[[int, int], bool]] = []
+        self._ready: Callable[[int, int], bool] = lambda step, end: True  # all the gates
         self.held: collections.deque[tuple[Any, ...]] = collections.deque()
         self._max_held = 0
         self.steps_emitted = 0
@@ -114,18 +117,21 @@ class StepAssembly:
         resolved, say), or ``ready(step, end)`` with the step's end on the perf_counter clock
         if ``with_end``; at most ``max_held`` wait, and the last pump waits at most a second
         before it emits what is still held."""
-        self._step_gates.append(ready if with_end else (lambda step, end: ready(step)))
+        gates = self._step_gates
+        gates.append(ready if with_end else (lambda step, end: ready(step)))
+        # one gate (the usual: the collectives' route) is asked directly, no generator
+        self._ready = gates[0] if len(gates) == 1 else (
+            lambda step, end: all(gate(step, end) for gate in gates))
         self._max_held = max(self._max_held, max_held)
 
     def release_steps(self, final: bool = False) -> None:
         """Emit the held steps that are ready now (``final``: all of them, waiting at most a
         second for their gates)."""
-        held = self.held
+        held, ready = self.held, self._ready
         deadline = time.monotonic() + (1.0 if final else 0.0)
         while held:
             step, end = held[0][1], held[0][3]
-            if (len(held) <= self._max_held
-                    and not all(ready(step, end) for ready in self._step_gates)):
+            if len(held) <= self._max_held and not ready(step, end):
                 if not final:
                     return
                 if time.monotonic() < deadline:
@@ -141,10 +147,9 @@ class StepAssembly:
     def step_context(self, step: int) -> SpanContext:
         """The ``train.rank_step`` span context of this rank's ``step`` (its ids are derived,
         so known before the step is emitted)."""
-        trace_id = identity.step_trace_id(self.ident.run_id, step)
+        trace_id, span_id = self._ids(step)
         flags = _SAMPLED if self.sampled(trace_id) else TraceFlags(0)
-        return SpanContext(trace_id, identity.rank_step_span_id(
-            self.ident.run_id, step, self.ident.rank), False, flags)
+        return SpanContext(trace_id, span_id, False, flags)
 
     def step_at(self, perf_ns: int) -> int:
         """The training step a moment (perf_counter ns) belonged to: the first step that ended
@@ -199,17 +204,26 @@ class StepAssembly:
     def _emit_step_with(self, phases: list[tuple[Any, ...]], step: int, start: int, end: int,
                         micro_batches: int, samples: int, tokens: int) -> None:
         ident = self.ident
-        if self._phases:
-            for stale in [k for k in self._phases if k < step]:
-                del self._phases[stale]  # their step record was dropped (buffer full)
+        by_step = self._phases
+        if by_step:
+            # the steps whose step record was dropped (buffer full): steps only grow, so the
+            # keys are in step order and the stale ones come first (the held steps' phases
+            # wait behind them: a full pass each step would be quadratic in a drain's steps)
+            stale = []
+            for k in by_step:
+                if k >= step:
+                    break
+                stale.append(k)
+            for k in stale:
+                del by_step[k]
         totals: dict[str, float] = {}
         for _, _, phase, _, p_start, p_end, _ in phases:
             totals[phase] = totals.get(phase, 0.0) + (p_end - p_start) / 1e9
         duration_s = (end - start) / 1e9
-        trace_id = identity.step_trace_id(ident.run_id, step)
+        trace_id, rank_span_id = self._ids(step)
         sampled = self.sampled(trace_id)
-        rank_ctx = SpanContext(trace_id, identity.rank_step_span_id(ident.run_id, step, ident.rank),
-                               is_remote=False, trace_flags=_SAMPLED if sampled else TraceFlags(0))
+        rank_ctx = SpanContext(trace_id, rank_span_id, is_remote=False,
+                               trace_flags=_SAMPLED if sampled else _UNSAMPLED)
         info = StepRecord(
             run_id=ident.run_id, rank=ident.rank, world_size=ident.world_size, step=step,
             start_ns=start + self.offset, end_ns=end + self.offset,

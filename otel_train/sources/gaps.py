@@ -70,6 +70,10 @@ DATA_WAIT = semconv.PHASE_DATA_WAIT
 #: differ by this much
 _SAME_INSTANT_NS = 1_000_000
 
+_HOST_BUSY, _DEVICE_WAIT = semconv.PHASE_HOST_BUSY, semconv.PHASE_DEVICE_WAIT
+_HOST_BUSY_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + _HOST_BUSY
+_DEVICE_WAIT_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + _DEVICE_WAIT
+
 _now = time.perf_counter_ns
 _OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 #: the demo is the user's training script when it runs: its frames are user code
@@ -151,6 +155,9 @@ class GapSource:
         base = {semconv.ATTR_RANK: ctx.identity.rank, semconv.ATTR_RUN_ID: ctx.identity.run_id}
         self._part_attrs = {part: {**base, semconv.ATTR_UNTIMED_PART: part}
                             for part in (semconv.PHASE_DEVICE_WAIT, semconv.PHASE_HOST_BUSY)}
+        #: training.untimed.time not yet added, by part, in ns: the steps' sum, added once a
+        #: drain (:meth:`_add_untimed`, on the emitter's tick), not once a step
+        self._untimed_ns: dict[str, int] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         #: the recent steps' lengths (ns), appended on the emitter thread
@@ -165,6 +172,7 @@ class GapSource:
         self._found_at = -(1 << 62)  # perf ns of the last look that sampled a stretch
         self.wakeups = 0
         ctx.emitter.before_step(self._on_step)
+        ctx.emitter.on_tick(self._add_untimed)
         if self.interval_s > 0:
             self._thread = threading.Thread(target=self._sample_loop, daemon=True,
                                             name="otel-train-gap-sampler")
@@ -308,12 +316,12 @@ class GapSource:
                      semconv.ATTR_GAP_DURATION: (g_end - g_start) / 1e9}
             if waited is not None and self._on_device:
                 attrs[semconv.ATTR_GAP_DEVICE_WAIT] = waited / 1e9
-            _where(attrs, [s for s in samples if g_start <= s[0] <= g_end])
+            _where(attrs, [s for s in samples if g_start <= s[0] <= g_end] if samples else [])
             events.append((semconv.EVENT_GAP, g_start + offset, attrs))
         for w_start, w_end in sorted(waits, key=lambda w: w[0] - w[1])[:MAX_EVENTS]:
             attrs = {semconv.ATTR_GAP_DURATION: (w_end - w_start) / 1e9}
             inside = [s for s in samples if w_start <= s[0] <= w_end]
-            workers = Counter(s[2] for s in inside if s[2] is not None)
+            workers = Counter(s[2] for s in inside if s[2] is not None) if inside else None
             if workers:
                 attrs[semconv.ATTR_DATA_WORKER] = workers.most_common(1)[0][0]
             _where(attrs, inside)
@@ -350,12 +358,22 @@ class GapSource:
             if waited is not None:
                 device += waited
                 busy += g_end - g_start - waited
-        parts = {semconv.PHASE_HOST_BUSY: busy / 1e9}
+        pending = self._untimed_ns
+        info.extra_attributes[_HOST_BUSY_TOTAL] = busy / 1e9
+        pending[_HOST_BUSY] = pending.get(_HOST_BUSY, 0) + busy
         if self._on_device:
-            parts[semconv.PHASE_DEVICE_WAIT] = device / 1e9
-        for part, seconds in parts.items():
-            info.extra_attributes[semconv.ATTR_PHASE_TOTAL_PREFIX + part] = seconds
-            self._untimed.add(seconds, self._part_attrs[part])
+            info.extra_attributes[_DEVICE_WAIT_TOTAL] = device / 1e9
+            pending[_DEVICE_WAIT] = pending.get(_DEVICE_WAIT, 0) + device
+
+    def _add_untimed(self) -> None:
+        """Add the untimed time of the steps emitted since the last call to
+        ``training.untimed.time`` (the emitter's tick: after the drain's steps, before its
+        commit; the last drain's too). A part a step gave, even 0 s, is added."""
+        if not self._untimed_ns:
+            return
+        pending, self._untimed_ns = self._untimed_ns, {}
+        for part, ns in pending.items():
+            self._untimed.add(ns / 1e9, self._part_attrs[part])
 
     def _segments(self, intervals: list[tuple[str, int, int, int]], start: int, end: int
                   ) -> tuple[list[tuple[str | None, str | None, int, int]],
@@ -412,6 +430,8 @@ def _where(attrs: dict[str, Any], samples: list[tuple[int, tuple[Frame, ...], in
     """The sampled location into ``attrs``: how many samples, and the most frequent user
     frame with its stack (``code.*``). No sample, or none in user code: no location."""
     attrs[semconv.ATTR_GAP_SAMPLES] = len(samples)
+    if not samples:  # the usual stretch: shorter than SAMPLE_AGE_S (a Counter costs us)
+        return
     located = Counter(s[1][0] for s in samples if s[1])
     if not located:
         return

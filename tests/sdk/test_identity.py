@@ -20,6 +20,17 @@ def test_step_ids_are_deterministic_and_distinct():
     assert all(0 < s < 2**64 for s in span_ids)
 
 
+def test_the_emitters_step_ids_are_the_derived_ones():
+    # StepIds hashes the run's prefix once (the emitter, each step); every other module and
+    # rank derives the ids with the functions: they must agree, for any run id and rank
+    for run_id in ("run", "", "ünï\x1fcode-ид", "a" * 200):
+        for rank in (0, 7, 1023):
+            ids = identity.StepIds(run_id, rank)
+            for step in (*range(200), 10**15):
+                assert ids.of(step) == (identity.step_trace_id(run_id, step),
+                                        identity.rank_step_span_id(run_id, step, rank))
+
+
 def test_trace_id_ratio_sampling_keeps_about_the_ratio():
     sampler = TraceIdRatioBased(0.25)
     kept = sum(sampler.should_sample(None, identity.step_trace_id("r", s), "x").decision

@@ -128,14 +128,14 @@ def test_a_step_lost_to_an_emitter_error_is_counted_exactly(tmp_path, monkeypatc
     import otel_train
     from otel_train import identity as identity_mod
 
-    real = identity_mod.rank_step_span_id
+    real = identity_mod.StepIds.of  # how the emitter derives a step's ids
 
-    def failing(run_id, step, rank):
+    def failing(self, step):
         if step == 2:
             raise RuntimeError("planted: step 2's ids")
-        return real(run_id, step, rank)
+        return real(self, step)
 
-    monkeypatch.setattr(identity_mod, "rank_step_span_id", failing)
+    monkeypatch.setattr(identity_mod.StepIds, "of", failing)
     model, opt, loader = training.setup(batches=5)
     with pytest.warns(otel_train.ConfigWarning, match="telemetry dropped"):
         with otel_train.instrument(model, output_dir=tmp_path, console_log_level="error") as inst:

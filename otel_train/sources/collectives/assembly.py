@@ -33,6 +33,9 @@ class Assembly:
         self.stall = stall
         meter = ctx.meter
         self.overlap = semconv.create(meter, semconv.METRIC_COMM_OVERLAP)  # its owner
+        #: the last step's overlap, not yet set: a gauge exports its last value, so it is set
+        #: once a drain (:meth:`publish`, on the emitter's tick), not once a step
+        self._overlap: float | None = None
         mode = ctx.config.collective_spans
         #: "auto": own spans within the rank's budget, a step summarised past it
         self.budget = (collective_rows.SpanBudget(ctx.config.collective_span_rate)
@@ -42,14 +45,23 @@ class Assembly:
     def count_exposed(self, info: Any, comm: list[tuple[int, int]],
                       blocking: list[tuple[int, int]]) -> None:
         """Add to the step's exposed communication what of ``comm`` (intervals, perf ns) no
-        compute phase covers, and set the overlap: ``blocking`` ones count whole."""
+        compute phase covers, and keep the overlap for :meth:`publish`: ``blocking`` ones
+        count whole."""
         lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
         exposed, total = collectives_math.exposed_and_total(comm, blocking, compute, lo, hi)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:
-            self.overlap.set(1.0 - exposed / total, self.base)
+            self._overlap = 1.0 - exposed / total
+
+    def publish(self) -> None:
+        """Set the overlap gauge to the last step's, if a step set one since the last call
+        (the emitter's tick: after the drain's steps, before its commit; the last drain's
+        too, so the run's last step is not lost)."""
+        value, self._overlap = self._overlap, None
+        if value is not None:
+            self.overlap.set(value, self.base)
 
     def summarise(self, info: Any, collectives: Sequence[Any] | bytes) -> bool:
         """Whether a step's collectives (Collective objects, or the plugin's records as the

@@ -146,6 +146,7 @@ class Ledger:
             self.plugin_route.flush_rows()
 
     def tick(self) -> None:
+        self.assembly.publish()  # the overlap of the steps emitted since the last tick
         now = time.perf_counter_ns()
         self.book.poll_works(now)
         if self.plugin_route is not None:

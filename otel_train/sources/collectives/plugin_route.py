@@ -19,6 +19,8 @@ from otel_train.sources.collectives.reads import ReadAccount
 from otel_train.sources.collectives.stall import StallWatch
 from otel_train.wire.nccl import op_name
 
+#: 8-byte words a plugin record (the communicator hash is its first)
+_RECORD_WORDS = nccl.RECORD.size // 8
 #: a held step's gate reads again when asked, at most this often (perf ns)
 _REREAD_NS = 5e6
 
@@ -47,6 +49,11 @@ class PluginRoute:
         self._checked_at = 0  # perf ns of the last check for running without the plugin
         self._stalled: dict[tuple[int, int, int], tuple[int, int, float]] = {}
         self._groups: dict[int, tuple[str, int]] = {}
+        #: the communicators of the last step's records and their groups (a comm's group is
+        #: fixed once seen, so steps on the same communicators share one read-only dict:
+        #: pickled once a batch)
+        self._step_comms: set[int] = set()
+        self._step_groups: dict[int, tuple[str, int]] = {}
 
     def read_at_next_tick(self) -> None:
         self._checked_at = 0
@@ -155,8 +162,14 @@ class PluginRoute:
         rows = self._rows_for_steps.pop(info.step, None)
         if not rows:
             return
-        groups = self._groups_of(rows)
-        stalled = {k: v for k, v in self._stalled.items() if k[0] in groups}
+        comms = set(memoryview(rows).cast("Q")[0::_RECORD_WORDS].tolist())
+        if comms == self._step_comms:
+            groups = self._step_groups
+        else:
+            groups = self._step_groups = self._groups_of(rows)
+            self._step_comms = comms
+        stalled = ({k: v for k, v in self._stalled.items() if k[0] in groups}
+                   if self._stalled else {})
         self.assembly.send_nccl(info, rows, groups, stalled)
 
     def flush(self) -> None:
