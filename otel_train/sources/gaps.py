@@ -200,14 +200,15 @@ class GapSource:
 
     def typical_ns(self) -> int | None:
         """The typical step length (ns): the median of the recent emitted steps (MIN_STEPS of
-        them at least), or, where shorter, what the training thread's own step counter shows
-        between the sampler's looks (the shortest of the last few spans' mean step lengths:
-        steps are emitted once a drain, so early in a run their median can still be that of
-        the first, slow steps while the loop already runs short ones); None before either."""
+        them at least; None before), or, where shorter, what the training thread's own step
+        counter shows between the sampler's looks (the shortest of the last few spans' mean
+        step lengths: steps are emitted once a drain, so early in a run their median can
+        still be that of the first, slow steps while the loop already runs short ones). Never
+        the counter's alone: its first span holds a first step that compiles."""
         lengths = sorted(tuple(self._lengths))  # one copy: the emitter thread appends
         emitted = lengths[len(lengths) // 2] if len(lengths) >= MIN_STEPS else None
         live = min(self._spans) if self._spans else None
-        if emitted is None or (live is not None and live < emitted):
+        if emitted is not None and live is not None and live < emitted:
             return live
         return emitted
 
