@@ -60,6 +60,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if args.extra < 1 or args.block < 1 or args.step_ms <= 0:
+        ap.error("--extra and --block need at least 1, --step-ms more than 0")
 
     tmp = tempfile.mkdtemp(prefix="otel-train-emitter-cpu-")
     os.environ["OTEL_TRAIN_CACHE_DIR"] = os.path.join(tmp, "cache")
