@@ -7,22 +7,30 @@ between nodes), with a verdict against issue 33's targets.
 Arms, each one torchrun launch of the user's DDP script (tests/gpu/nccl_faults_train.py,
 fault-free): ``bare`` (no otel-train, no plugin), ``events`` (``OTEL_TRAIN_NCCL_TIMING=events``:
 CUDA events and the poller thread) and ``auto`` (the default: kernel-channel timing here,
-every communicator spanning "nodes"). Within each launch, blocks of ``--block`` steps
-alternate between no extra all-reduce and ``--extra`` small all-reduces a step, for at least
-``--duration`` seconds: each pair of neighbouring blocks differs only in collectives, so
-drift cancels. Every rank sleeps in synchronisations instead of spinning
-(``COST_BLOCKING_SYNC=1``, in every arm): a spinning host would count each socket
-collective's milliseconds of wall time as CPU.
-- per collective (marginal): per pair of blocks, the CPU of every thread of the training
-  process but NCCL's own (``NCCL_SET_THREAD_NAME=1``: its proxy thread polls the network
-  transport at 100% the whole run, with and without otel-train, so what the plugin adds
-  there costs no CPU) per extra collective, minus the same figure of ``bare``; target
-  <= 5 us. The figure with NCCL's threads is recorded beside it;
-- per second of training: otel-train's own threads' CPU (emitter, gap sampler) over the
-  wall time of the blocks without extra collectives; target <= 1 ms/s.
-Each figure: median over (rank, pair) with a 95% confidence interval (bootstrap over the
-pairs; for "added", the instrumented arm's minus bare's, resampled independently). Exits 1
-when ``auto`` misses a target.
+every communicator spanning "nodes"). Within each launch, blocks of ``--block`` steps cycle
+through three kinds for at least ``--duration`` seconds: ``base`` (no extra all-reduce),
+``coll`` (``--extra`` small all-reduces a step) and ``pad`` (none, but each step sleeps what
+``coll``'s collectives added to a step). Every block ends with the GPU synchronised and the
+emitter drained on the spot, so a block's CPU is the work of its own steps. Every rank sleeps
+in synchronisations instead of spinning (``COST_BLOCKING_SYNC=1``, in every arm): a spinning
+host would count each socket collective's milliseconds of wall time as CPU.
+
+Three figures, because otel-train's cost scales three ways (issue 33, docs/overhead.md):
+- per collective (marginal): per (rank, triple), coll less pad (the same steps, the same
+  length: only the collectives differ; what is left of their difference in length is charged
+  at the per-second rate), for every thread of the training process but NCCL's own
+  (``NCCL_SET_THREAD_NAME=1``: its proxy thread polls the network transport at 100% the whole
+  run, with and without otel-train, so what the plugin adds there costs no CPU), per extra
+  collective, minus the same figure of ``bare``; target <= 5 us. The figure with NCCL's
+  threads is recorded beside it;
+- per second of training: otel-train's own threads (emitter, gap sampler), pad less base
+  (the same steps, longer) over the seconds pad adds: wake-ups and polling; target <= 1 ms/s;
+- per step: otel-train's threads in the base blocks less their seconds at that rate and the
+  edge's own drain, per step (with the step's own DDP all-reduce); reported, and beside it
+  the base blocks' whole share (ms/s at their step rate).
+Each figure: median over (rank, triple) with a 95% confidence interval (bootstrap over the
+triples; for "added", the instrumented arm's minus bare's, resampled independently). Exits 1
+when ``auto`` misses a target. ``--parts``: the emitter's CPU by part as well.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ def launch(ranks: int, arm: str, args: argparse.Namespace, out: Path) -> list[di
                FAULT="none", COST_OUT=str(cost_dir), COST_BLOCK=str(args.block),
                COST_DURATION_S=str(args.duration), COST_BLOCKING_SYNC="1",
                EXTRA_COLLECTIVES=str(args.extra), NCCL_SET_THREAD_NAME="1",
+               COST_PARTS="1" if args.parts else "0",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("OTEL_TRAIN_NCCL_TIMING", None)
     if arm == "bare":
@@ -85,17 +94,45 @@ def own(block: dict) -> float:
     return sum(v for k, v in block["threads_cpu_s"].items() if not k.startswith("NCCL"))
 
 
-def pairs(rows: list[dict], cpu: Callable[[dict], float]) -> list[float]:
-    """Per (rank, pair of neighbouring blocks): CPU us per extra collective."""
+KINDS = ("base", "coll", "pad")
+
+
+def triples(rows: list[dict]) -> list[tuple[dict, dict, dict]]:
+    """Each rank's blocks as (base, coll, pad) triples, in order."""
     out = []
     for row in rows:
-        blocks = row["blocks"]
-        for a, b in zip(blocks[0::2], blocks[1::2], strict=False):
-            more, base = (a, b) if a["extra"] else (b, a)
-            if more["extra"] and not base["extra"]:
-                out.append(1e6 * (cpu(more) / more["steps"] - cpu(base) / base["steps"])
-                           / more["extra"])
+        b = row["blocks"]
+        for triple in zip(b[0::3], b[1::3], b[2::3], strict=False):
+            if tuple(t.get("kind") for t in triple) == KINDS:
+                out.append(triple)
     return out
+
+
+def per_s(base: dict, pad: dict, cpu: Callable[[dict], float]) -> float:
+    """CPU seconds a second of training: pad less base (the same steps, longer), over the
+    wall time pad adds."""
+    longer = pad["wall_s"] - base["wall_s"]
+    return (cpu(pad) - cpu(base)) / longer if longer > 0 else 0.0
+
+
+def marginal(rows: list[dict], cpu: Callable[[dict], float]) -> list[float]:
+    """Per (rank, triple): CPU us per extra collective, coll less pad (the same steps and
+    nearly the same length); what is left of their difference in length is charged at the
+    per-second rate, so the figure is what scales with collectives alone."""
+    out = []
+    for base, coll, pad in triples(rows):
+        rest = coll["wall_s"] - pad["wall_s"]
+        added = cpu(coll) - cpu(pad) - per_s(base, pad, cpu) * rest
+        out.append(1e6 * added / (coll["steps"] * coll["extra"]))
+    return out
+
+
+def per_step(rows: list[dict], cpu: Callable[[dict], float]) -> list[float]:
+    """Per (rank, triple): CPU us a step (with its DDP all-reduce) of the base block, less
+    its seconds at the per-second rate and the benchmark's own drain at the block's edge."""
+    return [1e6 * (cpu(base) - per_s(base, pad, cpu) * base["wall_s"]
+                   - base.get("drain_ns", 0) / 1e9) / base["steps"]
+            for base, _, pad in triples(rows)]
 
 
 def ci(values: list[float], minus: list[float] | None = None, n: int = 2000
@@ -113,29 +150,47 @@ def ci(values: list[float], minus: list[float] | None = None, n: int = 2000
 
 def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
     per: dict[str, dict] = {}
+    otel = lambda b: b["otel_threads_cpu_s"]  # noqa: E731
     for arm in args.arms:
         rows = launch(ranks, arm, args, out)
-        base_blocks = [b for r in rows for b in r["blocks"] if not b["extra"]]
+        if not triples(rows):
+            raise RuntimeError(f"{ranks} {arm}: no complete (base, coll, pad) triple of blocks")
+        base_blocks = [t[0] for t in triples(rows)]
+        names = sorted({k for r in rows for b in r["blocks"] for k in b["threads_cpu_s"]})
+        parts = sorted({k for r in rows for b in r["blocks"] for k in b.get("emitter_parts_ns", {})})
         per[arm] = {
-            "pairs_us": pairs(rows, own),
-            "pairs_us_with_nccl": pairs(rows, lambda b: b["process_cpu_s"]),
-            "otel_threads_pairs_us": pairs(rows, lambda b: b["otel_threads_cpu_s"]),
-            "nccl_threads": sorted({k for r in rows for b in r["blocks"]
-                                    for k in b["threads_cpu_s"] if k.startswith("NCCL")}),
+            "pairs_us": marginal(rows, own),
+            "pairs_us_with_nccl": marginal(rows, lambda b: b["process_cpu_s"]),
+            "otel_threads_pairs_us": marginal(rows, otel),
+            "nccl_threads": [n for n in names if n.startswith("NCCL")],
             # where it goes: each thread name's marginal CPU us per collective (median)
-            "by_thread_us": {name: statistics.median(pairs(
+            "by_thread_us": {name: statistics.median(marginal(
                 rows, lambda b, name=name: b["threads_cpu_s"].get(name, 0.0)))
-                for name in sorted({k for r in rows for b in r["blocks"]
-                                    for k in b["threads_cpu_s"]})},
+                for name in names},
+            # the emitter by part (--parts): us per collective and per step
+            "parts_us_per_collective": {part: statistics.median(marginal(
+                rows, lambda b, part=part: b["emitter_parts_ns"].get(part, 0) / 1e9))
+                for part in parts},
+            "parts_us_per_step": {part: statistics.median(
+                1e6 * t[0]["emitter_parts_ns"].get(part, 0) / 1e9 / t[0]["steps"]
+                for t in triples(rows)) for part in parts},
+            # the three ways otel-train's threads' CPU scales: per second of training, per
+            # step, per collective (above); and all of it in the base blocks, as a user sees
+            "otel_per_s_ms": [1e3 * per_s(b, p, otel) for b, _, p in triples(rows)],
+            "otel_per_step_us": per_step(rows, otel),
             "otel_threads_ms_per_s": [1e3 * sum(b["otel_threads_cpu_s"] for b in r["blocks"]
-                                                if not b["extra"])
-                                      / sum(b["wall_s"] for b in r["blocks"] if not b["extra"])
-                                      for r in rows],
+                                                if b.get("kind") == "base")
+                                      / sum(b["wall_s"] for b in r["blocks"]
+                                            if b.get("kind") == "base") for r in rows],
             "otel_threads_ms_per_step": [1e3 * sum(b["otel_threads_cpu_s"] for b in r["blocks"]
-                                                   if not b["extra"])
-                                         / sum(b["steps"] for b in r["blocks"] if not b["extra"])
-                                         for r in rows],
+                                                   if b.get("kind") == "base")
+                                         / sum(b["steps"] for b in r["blocks"]
+                                               if b.get("kind") == "base") for r in rows],
             "step_ms": statistics.median(1e3 * b["wall_s"] / b["steps"] for b in base_blocks),
+            "coll_step_ms": statistics.median(1e3 * t[1]["wall_s"] / t[1]["steps"]
+                                              for t in triples(rows)),
+            "pad_step_ms": statistics.median(1e3 * t[2]["wall_s"] / t[2]["steps"]
+                                             for t in triples(rows)),
             "measured_s": statistics.median(sum(b["wall_s"] for b in r["blocks"]) for r in rows),
             "blocks": statistics.median(len(r["blocks"]) for r in rows),
         }
@@ -145,6 +200,8 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
     for arm in args.arms:
         per[arm]["itself_us"] = ci(per[arm]["pairs_us"])
         per[arm]["otel_threads_us"] = ci(per[arm]["otel_threads_pairs_us"])
+        per[arm]["otel_per_s"] = ci(per[arm]["otel_per_s_ms"])
+        per[arm]["otel_per_step"] = ci(per[arm]["otel_per_step_us"])
     return {"ranks": ranks, "extra": args.extra, "block": args.block, "arms": per}
 
 
@@ -160,12 +217,13 @@ def markdown(results: list[dict], env: dict) -> str:
     lines = ["# NCCL timing routes: cost on ranks sharing one GPU", "",
              f"{env['date']}, {env['gpu']}, torch {env['torch']}, NCCL {env['nccl']}, Python "
              f"{env['python']}, commit {env['commit']}. Made by `bench/multigpu/route_cost.py`"
-             ": per collective, median over (rank, pair of blocks) [95% bootstrap CI]; per "
-             "step and per second, median over ranks [min, max].", "",
-             "| ranks | arm | step ms | measured s (blocks) | added CPU us / collective "
-             "(NCCL's threads out) | the same, NCCL's threads in | of it otel-train's threads, us "
-             "/ collective | otel-train threads ms / step | otel-train threads ms / s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             ": median over (rank, triple of blocks) [95% bootstrap CI]; the base blocks' "
+             "whole share, median over ranks [min, max].", "",
+             "| ranks | arm | step ms base / coll / pad | measured s (blocks) | added CPU us / "
+             "collective (NCCL's threads out) | the same, NCCL's threads in | of it otel-train's "
+             "threads, us / collective | otel-train threads: us / step | ms / s of training "
+             "(what scales with time) | all of it in the base blocks, ms / s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         for arm in r["arms"]:
             a = r["arms"][arm]
@@ -174,13 +232,15 @@ def markdown(results: list[dict], env: dict) -> str:
             added_nccl = fmt(a["added_pairs_us_with_nccl"]) if arm != "bare" else "-"
             threads = arm not in ("bare", "plugin_only")
             lines.append(
-                f"| {r['ranks']} | {arm} | {a['step_ms']:.1f} | {a['measured_s']:.0f} "
-                f"({a['blocks']:.0f}) | {added} | {added_nccl} | "
+                f"| {r['ranks']} | {arm} | {a['step_ms']:.1f} / {a['coll_step_ms']:.1f} / "
+                f"{a['pad_step_ms']:.1f} | {a['measured_s']:.0f} ({a['blocks']:.0f}) | "
+                f"{added} | {added_nccl} | "
                 f"{fmt(a['otel_threads_us']) if threads else '-'} | "
-                f"{spread(a['otel_threads_ms_per_step']) if threads else '-'} | "
+                f"{fmt(a['otel_per_step']) if threads else '-'} | "
+                f"{fmt(a['otel_per_s']) if threads else '-'} | "
                 f"{spread(a['otel_threads_ms_per_s']) if threads else '-'} |")
     lines += ["", "Where the marginal CPU per collective goes, by thread name (us, median "
-              "over (rank, pair); NCCL's threads named by NCCL_SET_THREAD_NAME=1):", ""]
+              "over (rank, triple); NCCL's threads named by NCCL_SET_THREAD_NAME=1):", ""]
     for r in results:
         names = sorted({n for a in r["arms"].values() for n in a["by_thread_us"]})
         arms = list(r["arms"])
@@ -193,15 +253,30 @@ def markdown(results: list[dict], env: dict) -> str:
             lines.append(f"| {name} | " + " | ".join(
                 "-" if v is None else f"{v:.1f}" for v in values) + " |")
         lines.append("")
+    for r in results:
+        for arm, a in r["arms"].items():
+            if not a.get("parts_us_per_step"):
+                continue
+            lines += [f"The emitter by part, {r['ranks']} ranks, {arm} (`--parts`: thread CPU "
+                      "of each part, nested parts inside their callers; the base blocks' us a "
+                      "step, whole; us per extra collective as above):", "",
+                      "| part | us / step (base) | us / collective |", "| --- | --- | --- |"]
+            for part, us in sorted(a["parts_us_per_step"].items(), key=lambda kv: -kv[1]):
+                lines.append(f"| {part} | {us:.1f} | "
+                             f"{a['parts_us_per_collective'].get(part, 0.0):.2f} |")
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 
 def verdicts(results: list[dict]) -> list[str]:
+    """Issue 33's targets: the training process's CPU per collective (marginal) and otel-train's
+    threads' CPU per second of training (what scales with time: wake-ups, polling). The
+    per-step part and the base blocks' whole share are reported beside them."""
     misses = []
     for r in results:
         auto = r["arms"]["auto"]
         us = auto["added_pairs_us"][0]
-        ms = statistics.median(auto["otel_threads_ms_per_s"])
+        ms = auto["otel_per_s"][0]
         if us > US_PER_COLLECTIVE:
             misses.append(f"{r['ranks']} ranks: {us:.2f} us a collective > {US_PER_COLLECTIVE}")
         if ms > MS_PER_S:
@@ -221,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"bare first, then of {', '.join(ARMS[1:] + EXTRA_ARMS)}")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--md", type=Path)
+    parser.add_argument("--parts", action="store_true",
+                        help="also the emitter's CPU by part (bench/emitter_parts.py)")
     args = parser.parse_args(argv)
     args.arms = [a for a in args.arms.split(",") if a]
     if args.arms[:1] != ["bare"] or "auto" not in args.arms or not set(args.arms) <= set(

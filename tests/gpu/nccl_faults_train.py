@@ -52,9 +52,14 @@ COST_OUT = os.environ.get("COST_OUT")
 EXTRA_COLLECTIVES = int(os.environ.get("EXTRA_COLLECTIVES", "0"))
 BARE = os.environ.get("BARE") == "1"
 #: the cost benchmark's blocks (bench/multigpu/route_cost.py): after WARMUP steps, blocks of
-#: COST_BLOCK steps alternate between no extra all-reduce and EXTRA_COLLECTIVES a step, in
-#: pairs, until COST_DURATION_S seconds are measured; each block's per-thread CPU is written
+#: COST_BLOCK steps cycle through three kinds until COST_DURATION_S seconds are measured:
+#: ``base`` (no extra all-reduce), ``coll`` (EXTRA_COLLECTIVES a step) and ``pad`` (none, but
+#: each step sleeps what the last ``coll`` block's collectives added to a step: as long as
+#: ``coll``, without its collectives). Each block's per-thread CPU is written; with
+#: COST_PARTS=1 also the emitter's CPU by part (bench/emitter_parts.py)
 COST_BLOCK = int(os.environ.get("COST_BLOCK", "0"))
+COST_PARTS = os.environ.get("COST_PARTS") == "1"
+KINDS = ("base", "coll", "pad")
 COST_DURATION_S = float(os.environ.get("COST_DURATION_S", "30"))
 WARMUP = 3
 if COST_BLOCK:
@@ -160,14 +165,34 @@ def main() -> None:
     model = DDP(inner)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     loader = DataLoader(Samples(rank), batch_size=BATCH, num_workers=2, prefetch_factor=2)
-    marks: list[tuple[float, float, int, float, dict[str, float]]] = []
-    blocks: list[dict] = []
+    marks: list[tuple[float, float, int, float, dict[str, float], dict[str, int]]] = []
     small = torch.ones(256, device=device)
-    extra = EXTRA_COLLECTIVES if not COST_BLOCK else 0
-    with (contextlib.nullcontext() if BARE
-          else otel_train.instrument(model, optimizer=opt, dataloader=loader)):
+    extra = EXTRA_COLLECTIVES
+    blocks = Blocks(device)
+    if COST_PARTS and not BARE:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+        import emitter_parts
+
+        parts_cm = emitter_parts.timing_parts()
+    else:
+        parts_cm = contextlib.nullcontext({})
+    with parts_cm as parts, (contextlib.nullcontext() if BARE
+                             else otel_train.instrument(model, optimizer=opt,
+                                                        dataloader=loader)) as inst:
+        blocks.inst, blocks.parts = inst, parts
         for step, (x, y) in enumerate(loader):
             inner.step = step
+            if COST_BLOCK:
+                # the blocks' edges, at the top of a step: the step before has ended (its
+                # record is put when the loader is asked for this one)
+                if blocks.edge(step):
+                    break
+                for _ in range(blocks.extra):  # issued inside this step: its collectives
+                    dist.all_reduce(small)
+                if blocks.pad_s:
+                    time.sleep(blocks.pad_s)  # a pad block: coll's length, not its collectives
             x, y = x.to(device), y.to(device)  # the copy: where a waiting host blocks
             loss = nn.functional.mse_loss(model(x), y)
             if FAULT == "cpu" and rank == FAULT_RANK and step in FAULT_STEPS:
@@ -177,33 +202,22 @@ def main() -> None:
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
+            if COST_BLOCK:
+                continue
             for _ in range(extra):
                 dist.all_reduce(small)
-            if COST_BLOCK and step >= WARMUP - 1 and (step - WARMUP + 1) % COST_BLOCK == 0:
-                torch.cuda.synchronize()  # the blocks' edges, not the training's
-                marks.append((time.perf_counter(), otel_threads_cpu_s(), step,
-                              time.process_time(), threads_cpu_s()))
-                if len(marks) > 1:
-                    blocks.append(_block(marks[-2], marks[-1], extra))
-                extra = EXTRA_COLLECTIVES if extra == 0 else 0
-                measured = sum(b["wall_s"] for b in blocks)
-                done = torch.tensor([float(measured >= COST_DURATION_S
-                                           and len(blocks) % 2 == 0)], device=device)
-                dist.all_reduce(done, op=dist.ReduceOp.MIN)  # every rank stops together
-                if done.item():
-                    break
-                continue
-            if COST_OUT and not COST_BLOCK and step in (2, STEPS - 1):
+            if COST_OUT and step in (2, STEPS - 1):
                 torch.cuda.synchronize()  # the measurement's edges, not the training's
                 marks.append((time.perf_counter(), otel_threads_cpu_s(), step,
-                              time.process_time(), threads_cpu_s()))
+                              time.process_time(), threads_cpu_s(), {}))
+    blocks = blocks.done  # type: ignore[assignment]
     if COST_OUT and COST_BLOCK:
         Path(COST_OUT).mkdir(parents=True, exist_ok=True)
         Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
             "rank": rank, "world": dist.get_world_size(), "blocks": blocks,
             "extra_collectives": EXTRA_COLLECTIVES, "block_steps": COST_BLOCK}))
     elif COST_OUT:
-        (t0, c0, s0, p0, th0), (t1, c1, s1, p1, th1) = marks
+        (t0, c0, s0, p0, th0, _), (t1, c1, s1, p1, th1, _) = marks
         Path(COST_OUT).mkdir(parents=True, exist_ok=True)
         Path(COST_OUT, f"rank-{rank}.json").write_text(json.dumps({
             "rank": rank, "world": dist.get_world_size(), "steps": s1 - s0,
@@ -215,11 +229,79 @@ def main() -> None:
     dist.destroy_process_group()
 
 
+class Blocks:
+    """The cost benchmark's blocks (COST_BLOCK): base, coll, pad, base, ... At each edge the
+    GPU is synchronised and the emitter asked to drain at once (a measurement's edge: each
+    block's emitter CPU is then the work of its own steps, not of whichever drain a second's
+    timer put in it), then asked once more with nothing new (``drain_ns``: the fixed cost of
+    the extra drain each block pays, for the per-step figure)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.inst: object = None
+        self.parts: dict[str, list[int]] = {}
+        self.kind, self.extra, self.pad_s = 0, 0, 0.0  # the block running: KINDS[kind]
+        self.walls: dict[str, float] = {}
+        self.marks: list[tuple] = []
+        self.done: list[dict] = []
+
+    def edge(self, step: int) -> bool:
+        """At the top of ``step``: close a block if it ends here; True to stop training."""
+        if step < WARMUP or (step - WARMUP) % COST_BLOCK:
+            return False
+        torch.cuda.synchronize()  # the blocks' edges, not the training's
+        drain_ns = self._drain()
+        self.marks.append((time.perf_counter(), otel_threads_cpu_s(), step, time.process_time(),
+                           threads_cpu_s(), {k: v[0] for k, v in self.parts.items()}))
+        if len(self.marks) > 1:
+            block = _block(self.marks[-2], self.marks[-1], self.extra)
+            block.update(kind=KINDS[self.kind], pad_s=self.pad_s, drain_ns=drain_ns)
+            self.done.append(block)
+            self.walls[KINDS[self.kind]] = block["wall_s"]
+            self.kind = (self.kind + 1) % len(KINDS)
+        name = KINDS[self.kind]
+        self.extra = EXTRA_COLLECTIVES if name == "coll" else 0
+        self.pad_s = (max(0.0, (self.walls["coll"] - self.walls["base"]) / COST_BLOCK)
+                      if name == "pad" else 0.0)
+        measured = sum(b["wall_s"] for b in self.done)
+        stop = torch.tensor([float(measured >= COST_DURATION_S
+                                   and len(self.done) % len(KINDS) == 0)], device=self.device)
+        dist.all_reduce(stop, op=dist.ReduceOp.MIN)  # every rank stops together
+        return bool(stop.item())
+
+    def _drain(self) -> int:
+        """Have the emitter drain now, until it holds no step back (a step waits for its
+        NCCL records), then once more: that pass's thread CPU ns. 0 without otel-train."""
+        emitter = getattr(self.inst, "emitter", None)
+        if emitter is None:
+            return 0
+        tid = emitter._thread.native_id  # measurement only: otel-train's internals
+        for _ in range(100):
+            self._pass(emitter)
+            if not emitter.steps.held and not len(emitter.recorder):
+                break
+        before = _thread_ns(tid)
+        self._pass(emitter)
+        return _thread_ns(tid) - before
+
+    @staticmethod
+    def _pass(emitter: object) -> None:
+        seen = emitter.wakeups
+        emitter._wake.set()
+        while emitter.wakeups == seen and emitter.alive():
+            time.sleep(0.0005)
+
+
+def _thread_ns(tid: int) -> int:
+    return int(Path(f"/proc/self/task/{tid}/schedstat").read_text().split()[0])
+
+
 def _block(start: tuple, end: tuple, extra: int) -> dict:
-    (t0, c0, s0, p0, th0), (t1, c1, s1, p1, th1) = start, end
+    (t0, c0, s0, p0, th0, pa0), (t1, c1, s1, p1, th1, pa1) = start, end
     return {"steps": s1 - s0, "extra": extra, "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0,
             "process_cpu_s": p1 - p0,
-            "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()}}
+            "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()},
+            "emitter_parts_ns": {k: v - pa0.get(k, 0) for k, v in pa1.items()}}
 
 
 if __name__ == "__main__":
