@@ -9,8 +9,8 @@ fault-free): ``bare`` (no otel-train, no plugin), ``events`` (``OTEL_TRAIN_NCCL_
 CUDA events and the poller thread) and ``auto`` (the default: kernel-channel timing here,
 every communicator spanning "nodes"). Within each launch, blocks of ``--block`` steps cycle
 through three kinds for at least ``--duration`` seconds: ``base`` (no extra all-reduce),
-``coll`` (``--extra`` small all-reduces a step) and ``pad`` (none, but each step sleeps what
-``coll``'s collectives added to a step). Every block ends with the GPU synchronised and the
+``coll`` (``--extra`` small all-reduces a step) and ``pad`` (none, but each step has the GPU
+sleep what ``coll``'s collectives added to a step: the host then waits in the same place). Every block ends with the GPU synchronised and the
 emitter drained on the spot, so a block's CPU is the work of its own steps. Every rank sleeps
 in synchronisations instead of spinning (``COST_BLOCKING_SYNC=1``, in every arm): a spinning
 host would count each socket collective's milliseconds of wall time as CPU.
@@ -26,8 +26,8 @@ Three figures, because otel-train's cost scales three ways (issue 33, docs/overh
 - per second of training: otel-train's own threads (emitter, gap sampler), pad less base
   (the same steps, longer) over the seconds pad adds: wake-ups and polling; target <= 1 ms/s;
 - per step: otel-train's threads in the base blocks less their seconds at that rate and the
-  edge's own drain, per step (with the step's own DDP all-reduce); reported, and beside it
-  the base blocks' whole share (ms/s at their step rate).
+  edge's drains at a pass's fixed cost, per step (with the step's own DDP all-reduce);
+  reported, and beside it the base blocks' whole share (ms/s at their step rate).
 Each figure: median over (rank, triple) with a 95% confidence interval (bootstrap over the
 triples; for "added", the instrumented arm's minus bare's, resampled independently). Exits 1
 when ``auto`` misses a target. ``--parts``: the emitter's CPU by part as well.
@@ -89,9 +89,34 @@ def launch(ranks: int, arm: str, args: argparse.Namespace, out: Path) -> list[di
     return [json.loads(p.read_text()) for p in sorted(cost_dir.glob("rank-*.json"))]
 
 
+EMITTER = "py:otel-train-emitter"
+
+
+def edge_s(block: dict) -> float:
+    """The emitter's CPU seconds in the drains the benchmark asks for at the block's end, at
+    a pass's fixed cost (the work they find is the block's own: it stays counted)."""
+    return block.get("passes", 0) * block.get("drain_ns", 0) / 1e9
+
+
 def own(block: dict) -> float:
-    """CPU seconds of the training process's threads but NCCL's."""
-    return sum(v for k, v in block["threads_cpu_s"].items() if not k.startswith("NCCL"))
+    """CPU seconds of the training process's threads but NCCL's (the edge's drains out)."""
+    return sum(v for k, v in block["threads_cpu_s"].items()
+               if not k.startswith("NCCL")) - edge_s(block)
+
+
+def process(block: dict) -> float:
+    return block["process_cpu_s"] - edge_s(block)
+
+
+def otel(block: dict) -> float:
+    return block["otel_threads_cpu_s"] - edge_s(block)
+
+
+def thread(name: str) -> Callable[[dict], float]:
+    def cpu(block: dict) -> float:
+        value = block["threads_cpu_s"].get(name, 0.0)
+        return value - edge_s(block) if name == EMITTER else value
+    return cpu
 
 
 KINDS = ("base", "coll", "pad")
@@ -129,9 +154,8 @@ def marginal(rows: list[dict], cpu: Callable[[dict], float]) -> list[float]:
 
 def per_step(rows: list[dict], cpu: Callable[[dict], float]) -> list[float]:
     """Per (rank, triple): CPU us a step (with its DDP all-reduce) of the base block, less
-    its seconds at the per-second rate and the benchmark's own drain at the block's edge."""
-    return [1e6 * (cpu(base) - per_s(base, pad, cpu) * base["wall_s"]
-                   - base.get("drain_ns", 0) / 1e9) / base["steps"]
+    its seconds at the per-second rate (the edge's drains are out already: :func:`edge_s`)."""
+    return [1e6 * (cpu(base) - per_s(base, pad, cpu) * base["wall_s"]) / base["steps"]
             for base, _, pad in triples(rows)]
 
 
@@ -150,7 +174,6 @@ def ci(values: list[float], minus: list[float] | None = None, n: int = 2000
 
 def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
     per: dict[str, dict] = {}
-    otel = lambda b: b["otel_threads_cpu_s"]  # noqa: E731
     for arm in args.arms:
         rows = launch(ranks, arm, args, out)
         if not triples(rows):
@@ -160,13 +183,12 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
         parts = sorted({k for r in rows for b in r["blocks"] for k in b.get("emitter_parts_ns", {})})
         per[arm] = {
             "pairs_us": marginal(rows, own),
-            "pairs_us_with_nccl": marginal(rows, lambda b: b["process_cpu_s"]),
+            "pairs_us_with_nccl": marginal(rows, process),
             "otel_threads_pairs_us": marginal(rows, otel),
             "nccl_threads": [n for n in names if n.startswith("NCCL")],
             # where it goes: each thread name's marginal CPU us per collective (median)
-            "by_thread_us": {name: statistics.median(marginal(
-                rows, lambda b, name=name: b["threads_cpu_s"].get(name, 0.0)))
-                for name in names},
+            "by_thread_us": {name: statistics.median(marginal(rows, thread(name)))
+                             for name in names},
             # the emitter by part (--parts): us per collective and per step
             "parts_us_per_collective": {part: statistics.median(marginal(
                 rows, lambda b, part=part: b["emitter_parts_ns"].get(part, 0) / 1e9))
@@ -178,11 +200,11 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
             # step, per collective (above); and all of it in the base blocks, as a user sees
             "otel_per_s_ms": [1e3 * per_s(b, p, otel) for b, _, p in triples(rows)],
             "otel_per_step_us": per_step(rows, otel),
-            "otel_threads_ms_per_s": [1e3 * sum(b["otel_threads_cpu_s"] for b in r["blocks"]
+            "otel_threads_ms_per_s": [1e3 * sum(otel(b) for b in r["blocks"]
                                                 if b.get("kind") == "base")
                                       / sum(b["wall_s"] for b in r["blocks"]
                                             if b.get("kind") == "base") for r in rows],
-            "otel_threads_ms_per_step": [1e3 * sum(b["otel_threads_cpu_s"] for b in r["blocks"]
+            "otel_threads_ms_per_step": [1e3 * sum(otel(b) for b in r["blocks"]
                                                    if b.get("kind") == "base")
                                          / sum(b["steps"] for b in r["blocks"]
                                                if b.get("kind") == "base") for r in rows],

@@ -191,8 +191,7 @@ def main() -> None:
                     break
                 for _ in range(blocks.extra):  # issued inside this step: its collectives
                     dist.all_reduce(small)
-                if blocks.pad_s:
-                    time.sleep(blocks.pad_s)  # a pad block: coll's length, not its collectives
+                blocks.pad()  # a pad block: coll's length, not its collectives
             x, y = x.to(device), y.to(device)  # the copy: where a waiting host blocks
             loss = nn.functional.mse_loss(model(x), y)
             if FAULT == "cpu" and rank == FAULT_RANK and step in FAULT_STEPS:
@@ -233,8 +232,8 @@ class Blocks:
     """The cost benchmark's blocks (COST_BLOCK): base, coll, pad, base, ... At each edge the
     GPU is synchronised and the emitter asked to drain at once (a measurement's edge: each
     block's emitter CPU is then the work of its own steps, not of whichever drain a second's
-    timer put in it), then asked once more with nothing new (``drain_ns``: the fixed cost of
-    the extra drain each block pays, for the per-step figure)."""
+    timer put in it), then asked once more with nothing new (``drain_ns``: a pass's fixed
+    cost; route_cost.py takes the edge's ``passes`` out at that cost)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -242,6 +241,7 @@ class Blocks:
         self.parts: dict[str, list[int]] = {}
         self.kind, self.extra, self.pad_s = 0, 0, 0.0  # the block running: KINDS[kind]
         self.walls: dict[str, float] = {}
+        self.cycles_per_s = _sleep_cycles_per_s() if COST_BLOCK else 0.0
         self.marks: list[tuple] = []
         self.done: list[dict] = []
 
@@ -250,12 +250,16 @@ class Blocks:
         if step < WARMUP or (step - WARMUP) % COST_BLOCK:
             return False
         torch.cuda.synchronize()  # the blocks' edges, not the training's
-        drain_ns = self._drain()
+        if self.pad_s and KINDS[self.kind] == "pad":  # the GPU's sleep, brought to length
+            added = time.perf_counter() - self.marks[-1][0] - self.walls["base"]
+            self.cycles_per_s *= min(2.0, max(0.5, self.pad_s * COST_BLOCK / max(1e-3, added)))
+        passes, drain_ns = self._drain()
         self.marks.append((time.perf_counter(), otel_threads_cpu_s(), step, time.process_time(),
                            threads_cpu_s(), {k: v[0] for k, v in self.parts.items()}))
         if len(self.marks) > 1:
             block = _block(self.marks[-2], self.marks[-1], self.extra)
-            block.update(kind=KINDS[self.kind], pad_s=self.pad_s, drain_ns=drain_ns)
+            block.update(kind=KINDS[self.kind], pad_s=self.pad_s, drain_ns=drain_ns,
+                         passes=passes)
             self.done.append(block)
             self.walls[KINDS[self.kind]] = block["wall_s"]
             self.kind = (self.kind + 1) % len(KINDS)
@@ -269,20 +273,33 @@ class Blocks:
         dist.all_reduce(stop, op=dist.ReduceOp.MIN)  # every rank stops together
         return bool(stop.item())
 
-    def _drain(self) -> int:
+    def pad(self) -> None:
+        """In a pad block, at the top of a step: a GPU kernel that sleeps what coll's
+        collectives added to a step, so the host then waits in the batch's copy as it does
+        behind coll's collectives (a host sleep would be another kind of stretch to the gap
+        sampler)."""
+        if self.pad_s:
+            torch.cuda._sleep(int(self.pad_s * self.cycles_per_s))
+
+    def _drain(self) -> tuple[int, int]:
         """Have the emitter drain now, until it holds no step back (a step waits for its
-        NCCL records), then once more: that pass's thread CPU ns. 0 without otel-train."""
+        NCCL records), then once more with nothing new: how many passes, and the last one's
+        thread CPU ns (each pass's fixed cost: route_cost.py takes the passes out). (0, 0)
+        without otel-train."""
         emitter = getattr(self.inst, "emitter", None)
         if emitter is None:
-            return 0
+            return 0, 0
         tid = emitter._thread.native_id  # measurement only: otel-train's internals
+        passes = 0
         for _ in range(100):
             self._pass(emitter)
+            passes += 1
             if not emitter.steps.held and not len(emitter.recorder):
                 break
+            time.sleep(0.002)
         before = _thread_ns(tid)
         self._pass(emitter)
-        return _thread_ns(tid) - before
+        return passes + 1, _thread_ns(tid) - before
 
     @staticmethod
     def _pass(emitter: object) -> None:
@@ -290,6 +307,18 @@ class Blocks:
         emitter._wake.set()
         while emitter.wakeups == seen and emitter.alive():
             time.sleep(0.0005)
+
+
+def _sleep_cycles_per_s() -> float:
+    """``torch.cuda._sleep``'s cycles a second here (a first guess: each pad block corrects
+    it to what it took, other ranks' kernels sharing the GPU included)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    end.synchronize()
+    return 20_000_000 / max(1e-6, start.elapsed_time(end) / 1e3)
 
 
 def _thread_ns(tid: int) -> int:
