@@ -208,6 +208,11 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
                                                    if b.get("kind") == "base")
                                          / sum(b["steps"] for b in r["blocks"]
                                                if b.get("kind") == "base") for r in rows],
+            # wake-ups a second of the pad blocks (the emitter's less the edge's passes)
+            "pad_wakeups_per_s": {name: statistics.median(
+                (t[2].get("wakeups", {}).get(name, 0)
+                 - (t[2].get("passes", 0) if name == "emitter" else 0)) / t[2]["wall_s"]
+                for t in triples(rows)) for name in ("emitter", "gap_sampler")},
             "step_ms": statistics.median(1e3 * b["wall_s"] / b["steps"] for b in base_blocks),
             "coll_step_ms": statistics.median(1e3 * t[1]["wall_s"] / t[1]["steps"]
                                               for t in triples(rows)),
@@ -261,6 +266,12 @@ def markdown(results: list[dict], env: dict) -> str:
                 f"{fmt(a['otel_per_step']) if threads else '-'} | "
                 f"{fmt(a['otel_per_s']) if threads else '-'} | "
                 f"{spread(a['otel_threads_ms_per_s']) if threads else '-'} |")
+    lines += ["", "Wake-ups a second in the pad blocks (median over (rank, triple); the "
+              "emitter's without the edges' drains): " + "; ".join(
+                  f"{r['ranks']} ranks {arm}: " + ", ".join(
+                      f"{k} {v:.1f}" for k, v in a["pad_wakeups_per_s"].items())
+                  for r in results for arm, a in r["arms"].items()
+                  if arm not in ("bare", "plugin_only")) + "."]
     lines += ["", "Where the marginal CPU per collective goes, by thread name (us, median "
               "over (rank, triple); NCCL's threads named by NCCL_SET_THREAD_NAME=1):", ""]
     for r in results:

@@ -255,11 +255,13 @@ class Blocks:
             self.cycles_per_s *= min(2.0, max(0.5, self.pad_s * COST_BLOCK / max(1e-3, added)))
         passes, drain_ns = self._drain()
         self.marks.append((time.perf_counter(), otel_threads_cpu_s(), step, time.process_time(),
-                           threads_cpu_s(), {k: v[0] for k, v in self.parts.items()}))
+                           threads_cpu_s(), {k: v[0] for k, v in self.parts.items()},
+                           self._wakeups()))
         if len(self.marks) > 1:
             block = _block(self.marks[-2], self.marks[-1], self.extra)
             block.update(kind=KINDS[self.kind], pad_s=self.pad_s, drain_ns=drain_ns,
-                         passes=passes)
+                         passes=passes, wakeups={k: v - self.marks[-2][6].get(k, 0)
+                                                 for k, v in self.marks[-1][6].items()})
             self.done.append(block)
             self.walls[KINDS[self.kind]] = block["wall_s"]
             self.kind = (self.kind + 1) % len(KINDS)
@@ -272,6 +274,18 @@ class Blocks:
                                    and len(self.done) % len(KINDS) == 0)], device=self.device)
         dist.all_reduce(stop, op=dist.ReduceOp.MIN)  # every rank stops together
         return bool(stop.item())
+
+    def _wakeups(self) -> dict[str, int]:
+        """How often otel-train's threads woke so far (the emitter's count includes the
+        edges' drains: ``passes``)."""
+        emitter = getattr(self.inst, "emitter", None)
+        if emitter is None:
+            return {}
+        out = {"emitter": emitter.wakeups}
+        for source in getattr(self.inst, "_sources", ()):
+            if type(source).__name__ == "GapSource":
+                out["gap_sampler"] = source.wakeups
+        return out
 
     def pad(self) -> None:
         """In a pad block, at the top of a step: a GPU kernel that sleeps what coll's
@@ -326,7 +340,7 @@ def _thread_ns(tid: int) -> int:
 
 
 def _block(start: tuple, end: tuple, extra: int) -> dict:
-    (t0, c0, s0, p0, th0, pa0), (t1, c1, s1, p1, th1, pa1) = start, end
+    (t0, c0, s0, p0, th0, pa0, *_), (t1, c1, s1, p1, th1, pa1, *_) = start, end
     return {"steps": s1 - s0, "extra": extra, "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0,
             "process_cpu_s": p1 - p0,
             "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()},
