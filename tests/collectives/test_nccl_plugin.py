@@ -365,3 +365,46 @@ def test_auto_names_the_plugin_only_where_nccl_surely_loads_it():
     assert "ran before" in auto_declines((2, 28, 9), bound=False, ran=True)
     assert "cannot tell" in auto_declines((2, 28, 9), bound=False, ran=None)
     assert "one rank" in auto_declines((2, 28, 9), bound=False, ran=False, world_size=1)
+
+
+def test_a_stalled_operation_goes_out_once_with_its_step_and_is_not_kept(plugin_file):
+    """The plugin route flags an operation in flight past the stall timeout, gives the flag
+    to the step whose records hold it, and keeps nothing of it after (a long run's stalls
+    would otherwise pile up in the route). Stand-ins: NCCL (FakeNccl) and the emitter's
+    parts the route calls; the route, the plugin and the stall watch are the real ones."""
+    _run_in_fresh_process("""
+import time
+from types import SimpleNamespace
+from otel_train.sources.collectives.plugin_route import PluginRoute
+from otel_train.sources.collectives.reads import ReadAccount
+from otel_train.sources.collectives.stall import StallWatch
+
+fake = FakeNccl(PATH, comm=0xABC, nranks=2, nnodes=2)
+plugin = nccl.Plugin(PATH)
+errors, sent = [], []
+log = SimpleNamespace(error=lambda event, **kw: errors.append(kw),
+                      warning=lambda *a, **k: None, info=lambda *a, **k: None)
+emitter = SimpleNamespace(offset=0, step_at=lambda t: 3, count_drop=lambda *a: None)
+ctx = SimpleNamespace(emitter=emitter, log=log)
+assembly = SimpleNamespace(count_exposed=lambda info, comm, blocking: None,
+                           send_nccl=lambda info, rows, groups, stalled: sent.append(stalled))
+route = PluginRoute(plugin, True, ctx, assembly, StallWatch(0.05, log, "run"),
+                    ReadAccount(emitter, 1.0), None)
+h = fake.start_coll(b"AllReduce", seq=1, count=256, channels=1)
+time.sleep(0.08)
+route.tick(time.perf_counter_ns())
+route.tick(time.perf_counter_ns())  # still in flight: flagged once
+assert len(errors) == 1 and len(route._stalled) == 1, (errors, route._stalled)
+fake.channel(h, 0, 1_000, 2_000)
+fake.stop(h)
+h2 = fake.start_coll(b"AllReduce", seq=2, count=256, channels=1)
+fake.channel(h2, 0, 3_000, 4_000)
+fake.stop(h2)
+route.tick(time.perf_counter_ns())
+for step in (3, 4):
+    info = SimpleNamespace(step=step, end_ns=time.perf_counter_ns(), sampled=True)
+    route.before_step(info)
+    route.on_step(info)
+assert len(sent) == 1 and list(sent[0]) == [(0xABC, 1, nccl.FUNCS.index("all_reduce"))], sent
+assert route._stalled == {}
+""", plugin_file)

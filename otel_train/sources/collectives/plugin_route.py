@@ -47,6 +47,8 @@ class PluginRoute:
         self._clear_before = 0  # perf ns before which every plugin operation has finished
         self._read_at = 0
         self._checked_at = 0  # perf ns of the last check for running without the plugin
+        #: stalled operations not yet given to a step: (comm, seq, func) -> (stalled at, epoch
+        #: ns; span id; timeout s); each leaves with the step that takes its record
         self._stalled: dict[tuple[int, int, int], tuple[int, int, float]] = {}
         self._groups: dict[int, tuple[str, int]] = {}
         #: the communicators of the last step's records and their groups (a comm's group is
@@ -168,9 +170,15 @@ class PluginRoute:
         else:
             groups = self._step_groups = self._groups_of(rows)
             self._step_comms = comms
-        stalled = ({k: v for k, v in self._stalled.items() if k[0] in groups}
-                   if self._stalled else {})
+        stalled = self._stalled_in(rows) if self._stalled else {}
         self.assembly.send_nccl(info, rows, groups, stalled)
+
+    def _stalled_in(self, rows: bytes) -> dict[tuple[int, int, int], tuple[int, int, float]]:
+        """The stalled operations among a step's records, taken out of those kept: each has
+        finished (it is a record) and goes out once, with its step."""
+        keys = {(r[0], r[1], r[7]) for r in nccl.RECORD.iter_unpack(rows)}
+        found = {k: self._stalled.pop(k) for k in keys & self._stalled.keys()}
+        return found
 
     def flush(self) -> None:
         """Instrumentation ends: say what NCCL still had in flight (it ends unmeasured)."""
