@@ -166,39 +166,52 @@ def _nonzero(value: int) -> int:
     return value or 1  # an all-zero id is invalid in OpenTelemetry
 
 
+def _step_prefix(run_id: str) -> Any:
+    """The hash of a run's step ids up to the step: ``run_id``, "step" (``_digest``'s bytes)."""
+    return hashlib.blake2b(f"{run_id}\x1fstep\x1f".encode(), digest_size=16)
+
+
+def _step_hash(prefix: Any, step: int) -> Any:
+    h = prefix.copy()
+    h.update(str(step).encode())
+    return h
+
+
+def _id64(h: Any, suffix: bytes) -> int:
+    h.update(suffix)
+    return _nonzero(int.from_bytes(h.digest()[:8], "big"))
+
+
 def step_trace_id(run_id: str, step: int) -> int:
     """The trace id of step ``step``, the same on every rank."""
-    return _nonzero(int.from_bytes(_digest(run_id, "step", step), "big"))
+    return _nonzero(int.from_bytes(_step_hash(_step_prefix(run_id), step).digest(), "big"))
 
 
 def step_span_id(run_id: str, step: int) -> int:
     """The span id of the step's root ``train.step`` span (emitted by rank 0)."""
-    return _nonzero(int.from_bytes(_digest(run_id, "step", step, "root")[:8], "big"))
+    return _id64(_step_hash(_step_prefix(run_id), step), b"\x1froot")
 
 
 def rank_step_span_id(run_id: str, step: int, rank: int) -> int:
     """The span id of one rank's ``train.rank_step`` span."""
-    return _nonzero(int.from_bytes(_digest(run_id, "step", step, "rank", rank)[:8], "big"))
+    return _id64(_step_hash(_step_prefix(run_id), step), f"\x1frank\x1f{rank}".encode())
 
 
 class StepIds:
     """:func:`step_trace_id` and :func:`rank_step_span_id` of one rank's steps, once a step
-    on the emitter thread: the same bytes hashed, the run's prefix hashed once and copied
-    (the ids are the same on every rank and in every module that derives them)."""
+    on the emitter thread: the same hash, its run prefix made once."""
 
     __slots__ = ("_prefix", "_rank")
 
     def __init__(self, run_id: str, rank: int) -> None:
-        self._prefix = hashlib.blake2b(f"{run_id}\x1fstep\x1f".encode(), digest_size=16)
+        self._prefix = _step_prefix(run_id)
         self._rank = f"\x1frank\x1f{rank}".encode()
 
     def of(self, step: int) -> tuple[int, int]:
         """(step_trace_id, rank_step_span_id) of ``step``."""
-        h = self._prefix.copy()
-        h.update(str(step).encode())
+        h = _step_hash(self._prefix, step)
         trace_id = _nonzero(int.from_bytes(h.digest(), "big"))
-        h.update(self._rank)
-        return trace_id, _nonzero(int.from_bytes(h.digest()[:8], "big"))
+        return trace_id, _id64(h, self._rank)
 
 
 def run_trace_id(run_id: str) -> int:
