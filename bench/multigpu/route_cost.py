@@ -10,8 +10,12 @@ CUDA events and the poller thread) and ``auto`` (the default: kernel-channel tim
 every communicator spanning "nodes"). Within each launch, blocks of ``--block`` steps cycle
 through three kinds for at least ``--duration`` seconds: ``base`` (no extra all-reduce),
 ``coll`` (``--extra`` small all-reduces a step) and ``pad`` (none, but each step has the GPU
-sleep what ``coll``'s collectives added to a step: the host then waits in the same place). Every block ends with the GPU synchronised and the
-emitter drained on the spot, so a block's CPU is the work of its own steps. Every rank sleeps
+sleep what ``coll``'s collectives added to a step: the host then waits in the same place).
+Each block runs ``--settle`` seconds (3 steps at least) before it is measured: a step length
+ten times the last block's is an overrun to the gap sampler until its typical length follows,
+a transient of the benchmark's making, not of training's. A block's measurement starts and
+ends with the GPU synchronised and the emitter drained on the spot, so its CPU is the work of
+its own steps. Every rank sleeps
 in synchronisations instead of spinning (``COST_BLOCKING_SYNC=1``, in every arm): a spinning
 host would count each socket collective's milliseconds of wall time as CPU.
 
@@ -66,6 +70,7 @@ def launch(ranks: int, arm: str, args: argparse.Namespace, out: Path) -> list[di
                OTEL_TRAIN_OUTPUT_DIR=str(cost_dir / "runs"), OTEL_TRAIN_LOG_LEVEL="warning",
                FAULT="none", COST_OUT=str(cost_dir), COST_BLOCK=str(args.block),
                COST_DURATION_S=str(args.duration), COST_BLOCKING_SYNC="1",
+               COST_SETTLE_S=str(args.settle),
                EXTRA_COLLECTIVES=str(args.extra), NCCL_SET_THREAD_NAME="1",
                COST_PARTS="1" if args.parts else "0",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
@@ -172,6 +177,23 @@ def ci(values: list[float], minus: list[float] | None = None, n: int = 2000
     return stat(values, minus), draws[int(0.025 * n)], draws[int(0.975 * n) - 1]
 
 
+WAKERS = ("emitter", "gap_sampler", "gap_stretches", "gap_overruns")
+
+
+def wakeups_per_s(rows: list[dict], k: int) -> dict[str, float]:
+    """Median over (rank, triple) of the k-th block's wake-ups a second, by what woke (the
+    emitter's less the edge's drain passes; the gap sampler's, and its looks that sampled a
+    stretch or found an overrun)."""
+    out = {}
+    for name in WAKERS:
+        values = [(t[k].get("wakeups", {}).get(name, 0)
+                   - (t[k].get("passes", 0) if name == "emitter" else 0)) / t[k]["wall_s"]
+                  for t in triples(rows) if name in t[k].get("wakeups", {})]
+        if values:
+            out[name] = statistics.median(values)
+    return out
+
+
 def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
     per: dict[str, dict] = {}
     for arm in args.arms:
@@ -208,11 +230,9 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
                                                    if b.get("kind") == "base")
                                          / sum(b["steps"] for b in r["blocks"]
                                                if b.get("kind") == "base") for r in rows],
-            # wake-ups a second of the pad blocks (the emitter's less the edge's passes)
-            "pad_wakeups_per_s": {name: statistics.median(
-                (t[2].get("wakeups", {}).get(name, 0)
-                 - (t[2].get("passes", 0) if name == "emitter" else 0)) / t[2]["wall_s"]
-                for t in triples(rows)) for name in ("emitter", "gap_sampler")},
+            # wake-ups a second of each kind of block (the emitter's less the edge's
+            # passes), and what the gap sampler's looks found (stretches, overruns)
+            "wakeups_per_s": {kind: wakeups_per_s(rows, k) for k, kind in enumerate(KINDS)},
             "step_ms": statistics.median(1e3 * b["wall_s"] / b["steps"] for b in base_blocks),
             "coll_step_ms": statistics.median(1e3 * t[1]["wall_s"] / t[1]["steps"]
                                               for t in triples(rows)),
@@ -266,12 +286,19 @@ def markdown(results: list[dict], env: dict) -> str:
                 f"{fmt(a['otel_per_step']) if threads else '-'} | "
                 f"{fmt(a['otel_per_s']) if threads else '-'} | "
                 f"{spread(a['otel_threads_ms_per_s']) if threads else '-'} |")
-    lines += ["", "Wake-ups a second in the pad blocks (median over (rank, triple); the "
-              "emitter's without the edges' drains): " + "; ".join(
-                  f"{r['ranks']} ranks {arm}: " + ", ".join(
-                      f"{k} {v:.1f}" for k, v in a["pad_wakeups_per_s"].items())
-                  for r in results for arm, a in r["arms"].items()
-                  if arm not in ("bare", "plugin_only")) + "."]
+    lines += ["", "Wake-ups a second by kind of block (median over (rank, triple); the "
+              "emitter's without the edges' drains; of the gap sampler's looks, those that "
+              "sampled a stretch and those that found a step past its typical length):", "",
+              "| ranks | arm | block | " + " | ".join(WAKERS) + " |",
+              "| --- | --- | --- |" + " --- |" * len(WAKERS)]
+    for r in results:
+        for arm, a in r["arms"].items():
+            if arm in ("bare", "plugin_only"):
+                continue
+            for kind, w in a.get("wakeups_per_s", {}).items():
+                if w:
+                    lines.append(f"| {r['ranks']} | {arm} | {kind} | " + " | ".join(
+                        f"{w[n]:.1f}" if n in w else "-" for n in WAKERS) + " |")
     lines += ["", "Where the marginal CPU per collective goes, by thread name (us, median "
               "over (rank, triple); NCCL's threads named by NCCL_SET_THREAD_NAME=1):", ""]
     for r in results:
@@ -328,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arms", default=",".join(ARMS),
                         help=f"bare first, then of {', '.join(ARMS[1:] + EXTRA_ARMS)}")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--settle", type=float, default=1.5,
+                        help="seconds each block runs unmeasured first (at least 3 steps): "
+                             "the gap sampler's typical step length follows the new steps'")
     parser.add_argument("--md", type=Path)
     parser.add_argument("--parts", action="store_true",
                         help="also the emitter's CPU by part (bench/emitter_parts.py)")

@@ -170,7 +170,9 @@ class GapSource:
         self._seen: tuple[int, int | None] = (0, None)
         self._spans: collections.deque[int] = collections.deque(maxlen=LIVE_SPANS)
         self._found_at = -(1 << 62)  # perf ns of the last look that sampled a stretch
-        self.wakeups = 0
+        #: wake-ups, and of them the looks that sampled a stretch, and that found a step past
+        #: its typical length (read by the benchmarks)
+        self.wakeups = self.stretch_looks = self.overrun_looks = 0
         ctx.emitter.before_step(self._on_step)
         ctx.emitter.on_tick(self._add_untimed)
         if self.interval_s > 0:
@@ -233,11 +235,13 @@ class GapSource:
         tracker = self.tracker
         if since is not None:
             self._found_at, self._found_since = now, since
+            self.stretch_looks += 1
             return tracker.step, since
         typical, start = self.typical_ns(), tracker.step_start_ns
         if (tracker.enabled and typical is not None and start is not None
                 and now - start > OVERRUN * typical):
             self._found_since = start
+            self.overrun_looks += 1
             return tracker.step, None
         return None
 

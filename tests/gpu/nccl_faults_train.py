@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import time
@@ -55,13 +56,17 @@ BARE = os.environ.get("BARE") == "1"
 #: COST_BLOCK steps cycle through three kinds until COST_DURATION_S seconds are measured:
 #: ``base`` (no extra all-reduce), ``coll`` (EXTRA_COLLECTIVES a step) and ``pad`` (none, but
 #: each step sleeps what the last ``coll`` block's collectives added to a step: as long as
-#: ``coll``, without its collectives). Each block's per-thread CPU is written; with
+#: ``coll``, without its collectives). Each block is measured after
+#: it has settled (COST_SETTLE_S seconds and SETTLE_STEPS steps of its kind, unmeasured: the
+#: gap sampler's typical step length follows the new steps' first); its per-thread CPU is
+#: written; with
 #: COST_PARTS=1 also the emitter's CPU by part (bench/emitter_parts.py)
 COST_BLOCK = int(os.environ.get("COST_BLOCK", "0"))
 COST_PARTS = os.environ.get("COST_PARTS") == "1"
 KINDS = ("base", "coll", "pad")
 COST_DURATION_S = float(os.environ.get("COST_DURATION_S", "30"))
-WARMUP = 3
+COST_SETTLE_S = float(os.environ.get("COST_SETTLE_S", "1.5"))
+WARMUP, SETTLE_STEPS = 3, 3
 if COST_BLOCK:
     STEPS = 1_000_000  # the blocks end the loop
 
@@ -244,36 +249,66 @@ class Blocks:
         self.cycles_per_s = _sleep_cycles_per_s() if COST_BLOCK else 0.0
         self.marks: list[tuple] = []
         self.done: list[dict] = []
+        self.settle_steps, self.measure_from = 0, -1  # the block runs unmeasured until then
+        self.drain = (0, 0)  # the last edge's drain: passes, a pass's thread CPU ns
 
     def edge(self, step: int) -> bool:
-        """At the top of ``step``: close a block if it ends here; True to stop training."""
-        if step < WARMUP or (step - WARMUP) % COST_BLOCK:
+        """At the top of ``step``: start measuring a block once it has settled, close it
+        when its COST_BLOCK steps are done; True to stop training. Every rank switches kind
+        at the same step (their collectives must match): a settle's length in steps is
+        agreed at the block's end, from the step length its kind had last."""
+        if step < WARMUP:
+            return False
+        if step == WARMUP:
+            self._settle(step, SETTLE_STEPS)
+        if step == self.measure_from:
+            self.marks.append(self._mark(step))
+            return False
+        if step != self.measure_from + COST_BLOCK:
             return False
         torch.cuda.synchronize()  # the blocks' edges, not the training's
         if self.pad_s and KINDS[self.kind] == "pad":  # the GPU's sleep, brought to length
             added = time.perf_counter() - self.marks[-1][0] - self.walls["base"]
             self.cycles_per_s *= min(2.0, max(0.5, self.pad_s * COST_BLOCK / max(1e-3, added)))
-        passes, drain_ns = self._drain()
-        self.marks.append((time.perf_counter(), otel_threads_cpu_s(), step, time.process_time(),
-                           threads_cpu_s(), {k: v[0] for k, v in self.parts.items()},
-                           self._wakeups()))
-        if len(self.marks) > 1:
-            block = _block(self.marks[-2], self.marks[-1], self.extra)
-            block.update(kind=KINDS[self.kind], pad_s=self.pad_s, drain_ns=drain_ns,
-                         passes=passes, wakeups={k: v - self.marks[-2][6].get(k, 0)
-                                                 for k, v in self.marks[-1][6].items()})
-            self.done.append(block)
-            self.walls[KINDS[self.kind]] = block["wall_s"]
-            self.kind = (self.kind + 1) % len(KINDS)
+        self.marks.append(self._mark(step))
+        block = _block(self.marks[-2], self.marks[-1], self.extra)
+        block.update(kind=KINDS[self.kind], pad_s=self.pad_s, drain_ns=self.drain[1],
+                     passes=self.drain[0], settle_steps=self.settle_steps,
+                     wakeups={k: v - self.marks[-2][6].get(k, 0)
+                              for k, v in self.marks[-1][6].items()})
+        self.done.append(block)
+        self.walls[KINDS[self.kind]] = block["wall_s"]
+        self.kind = (self.kind + 1) % len(KINDS)
         name = KINDS[self.kind]
         self.extra = EXTRA_COLLECTIVES if name == "coll" else 0
         self.pad_s = (max(0.0, (self.walls["coll"] - self.walls["base"]) / COST_BLOCK)
                       if name == "pad" else 0.0)
         measured = sum(b["wall_s"] for b in self.done)
-        stop = torch.tensor([float(measured >= COST_DURATION_S
-                                   and len(self.done) % len(KINDS) == 0)], device=self.device)
-        dist.all_reduce(stop, op=dist.ReduceOp.MIN)  # every rank stops together
-        return bool(stop.item())
+        # COST_SETTLE_S at the next kind's step length as last measured (a first pad's is
+        # coll's; a first coll's is not known: twice SETTLE_STEPS)
+        last = self.walls.get(name, self.walls.get("coll") if name == "pad" else None)
+        settle = (2 * SETTLE_STEPS if last is None else
+                  max(SETTLE_STEPS, math.ceil(COST_SETTLE_S / max(1e-3, last / COST_BLOCK))))
+        flags = torch.tensor([-float(measured >= COST_DURATION_S
+                                     and len(self.done) % len(KINDS) == 0), float(settle)],
+                             device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every rank: stops together, settles alike
+        stop, settle = -flags[0].item() > 0, int(flags[1].item())
+        self._settle(step, settle)
+        return stop
+
+    def _settle(self, step: int, steps: int) -> None:
+        """The block of the current kind runs from ``step``, measured ``steps`` later."""
+        self.settle_steps, self.measure_from = steps, step + steps
+
+    def _mark(self, step: int) -> tuple:
+        """A block's edge: the GPU synchronised, the emitter drained (at a block's start what
+        it holds is the settle's; at its end, the block's own: ``self.drain`` says how many
+        passes, and a pass's cost), then the readings."""
+        torch.cuda.synchronize()
+        self.drain = self._drain()
+        return (time.perf_counter(), otel_threads_cpu_s(), step, time.process_time(),
+                threads_cpu_s(), {k: v[0] for k, v in self.parts.items()}, self._wakeups())
 
     def _wakeups(self) -> dict[str, int]:
         """How often otel-train's threads woke so far (the emitter's count includes the
@@ -285,6 +320,9 @@ class Blocks:
         for source in getattr(self.inst, "_sources", ()):
             if type(source).__name__ == "GapSource":
                 out["gap_sampler"] = source.wakeups
+                # what its looks found: a stretch sampled, a step past its typical length
+                out["gap_stretches"] = getattr(source, "stretch_looks", 0)
+                out["gap_overruns"] = getattr(source, "overrun_looks", 0)
         return out
 
     def pad(self) -> None:

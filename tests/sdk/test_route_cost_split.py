@@ -5,6 +5,7 @@ device's: bench/results/nccl-timing-route-split-shared-h200.md)."""
 from __future__ import annotations
 
 import random
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +30,8 @@ def _block(kind: str, steps: int, wall: float, extra: int, passes: int, rng: ran
             "drain_ns": int(PASS_S * 1e9), "otel_threads_cpu_s": otel,
             "process_cpu_s": otel + main,
             "threads_cpu_s": {"py:main": main, route_cost.EMITTER: otel, "NCCL Progress 1": wall},
-            "wakeups": {"emitter": passes + round(wall), "gap_sampler": round(5 * wall)}}
+            "wakeups": {"emitter": passes + round(wall), "gap_sampler": round(5 * wall),
+                        "gap_stretches": 0, "gap_overruns": round((kind == "coll") * 3 * wall)}}
 
 
 def _rows(seed: int = 0, ranks: int = 2, triples: int = 8) -> list[dict]:
@@ -96,13 +98,17 @@ def test_figures_and_verdicts_from_launched_arms(monkeypatch: pytest.MonkeyPatch
     a = result["arms"]["auto"]
     assert a["added_pairs_us"][0] == pytest.approx(PER_COLL_S * 1e6, abs=0.5)
     assert a["otel_per_s"][0] == pytest.approx(PER_S * 1e3, rel=0.1)
-    assert a["pad_wakeups_per_s"]["gap_sampler"] == pytest.approx(5, abs=1)
+    assert a["wakeups_per_s"]["pad"]["gap_sampler"] == pytest.approx(5, abs=1)
+    assert a["wakeups_per_s"]["coll"]["gap_overruns"] == pytest.approx(3, abs=0.5)
+    assert a["wakeups_per_s"]["pad"]["gap_overruns"] == 0
     # 1.2 ms/s: over the 1 ms/s target, 2 us a collective under 5
     (miss,) = route_cost.verdicts([result])
     assert miss.startswith("2 ranks: threads 1.") and miss.endswith("ms/s > 1.0")
     text = route_cost.markdown([result], dict(date="d", gpu="g", torch="t", nccl="n",
                                               python="p", commit="c"))
-    assert "| 2 | auto |" in text and "Wake-ups a second in the pad blocks" in text
+    assert "| 2 | auto |" in text
+    assert re.search(r"^\| 2 \| auto \| coll \| 1\.0 \| [45]\.\d \| 0\.0 \| [23]\.\d \|$", text,
+                     re.M)
 
 
 def test_a_run_without_complete_triples_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
