@@ -386,7 +386,19 @@ class RemotePipeline:
         return out
 
     def exporter_dropped(self) -> collections.Counter[str]:
-        """What the exporter processes of this run reported dropping so far."""
+        """What the exporter processes of this run reported dropping so far, its latest
+        report read first: an export that fails after the training loop went quiet is
+        reported by the exporter within DROP_REPORT_INTERVAL_S, while the emitter, with
+        nothing recorded, may sleep for KEEPALIVE_S. Never waits: where a send holds the
+        socket, what was read before is returned."""
+        if self._sock is not None and self._send_lock.acquire(blocking=False):
+            try:
+                if self._sock is not None:
+                    self._take_replies(self._inbox.poll(self._sock))
+            except OSError:
+                pass  # a closed socket: the next send counts what it loses
+            finally:
+                self._send_lock.release()
         return self._exporter_past + self._exporter_live
 
     # --- what the emitter makes ---------------------------------------------------------
