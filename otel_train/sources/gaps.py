@@ -16,10 +16,14 @@ their typical length. There it reads a few attributes of the step tracker, and o
 the training thread has been outside every phase (or in one data wait) for ``SAMPLE_AGE_S``
 does it read the thread's stack (``sys._current_frames``), keeping the innermost frames of
 user code: no library frame, none of otel-train's hooks. While the stretch, or the step's
-overrun, lasts it looks again after SAMPLE_AGE_S, then three times that, and so on; for
-``RECENT_S`` after such a find (slow stretches come back), and until the typical length is
-known, it lands four times as often. Nothing runs on the training thread beyond one
-attribute store per phase end. The samples are matched to the stretches when the step is emitted, on the
+overrun, lasts it looks again after SAMPLE_AGE_S, then three times that, and so on. A
+stretch that comes back step after step (a ``.item()``, a host copy, a wait on a peer: the
+emitted steps show where in the step it lies) is aimed at instead: the look lands in the
+middle of where it can be sampled, on the first step ``gap_sample_s`` or more from now, once
+(another sample of it waits for that step), so a recurring stretch costs one wake-up a
+``gap_sample_s`` at most, and is sampled alike wherever in the step it lies. Until the
+typical length is known it lands four times as often. Nothing runs on the training thread
+beyond one attribute store per phase end. The samples are matched to the stretches when the step is emitted, on the
 emitter thread, and leave as span events with OpenTelemetry's ``code.*`` attributes: events
 because the pinned collector's OTLP receiver and the Jaeger/Tempo backends keep span events
 everywhere, while the OTLP profiles signal is still in development and not enabled in its
@@ -61,10 +65,12 @@ OVERRUN = 1.5
 RECENT_STEPS, MIN_STEPS = 32, 3
 #: ... or, where shorter, the shortest mean step length between the last LIVE_SPANS looks
 LIVE_SPANS = 8
-#: until the typical length is known, and for RECENT_S after a look that sampled a stretch
-#: (slow stretches come back), the sampler lands FAST_FACTOR times as often
+#: until the typical length is known the sampler lands FAST_FACTOR times as often
 FAST_FACTOR = 4
-RECENT_S = 10.0
+#: an emitted step's stretch (or data wait) this much longer than SAMPLE_AGE_S or more is
+#: aimed at in the steps after it, until AIM_MISSES emitted steps in a row have none
+AIM_MIN_S = 0.01
+AIM_MISSES = 3
 DATA_WAIT = semconv.PHASE_DATA_WAIT
 #: a phase's host end and the stretch after it are one instant; their clocks' readings may
 #: differ by this much
@@ -169,7 +175,12 @@ class GapSource:
         #: lengths between the last few looks that saw steps begin (typical_ns)
         self._seen: tuple[int, int | None] = (0, None)
         self._spans: collections.deque[int] = collections.deque(maxlen=LIVE_SPANS)
-        self._found_at = -(1 << 62)  # perf ns of the last look that sampled a stretch
+        #: where in a step the recent steps' longest sampleable stretch can be sampled:
+        #: (ns from the step's start to the middle of its sampleable part, ns from there to
+        #: its end), set on the emitter thread; None where the last steps had none
+        self.aim: tuple[int, int] | None = None
+        self._aim_misses = 0
+        self._aimed = False  # the next look is an aimed one
         #: wake-ups, and of them the looks that sampled a stretch, and that found a step past
         #: its typical length (read by the benchmarks)
         self.wakeups = self.stretch_looks = self.overrun_looks = 0
@@ -234,7 +245,7 @@ class GapSource:
         since = self._sample_once(int(SAMPLE_AGE_S * 1e9), now)
         tracker = self.tracker
         if since is not None:
-            self._found_at, self._found_since = now, since
+            self._found_since = since
             self.stretch_looks += 1
             return tracker.step, since
         typical, start = self.typical_ns(), tracker.step_start_ns
@@ -250,32 +261,56 @@ class GapSource:
         same stretch or overrun (a new one, in another step or after another phase, starts
         again at SAMPLE_AGE_S: back-to-back slow steps are each sampled), but never longer
         than ``gap_sample_s`` or what it has lasted so far, whichever is longer (one that
-        ends soon is not followed by a long sleep that a next one falls into); else the first
-        point ``OVERRUN`` typical lengths into a step (the steps are assumed to follow the
-        current one at their typical length) ``gap_sample_s`` from now or later: a step
-        that overruns by longer than that is always found."""
+        ends soon is not followed by a long sleep that a next one falls into). A look aimed
+        at a recurring stretch that found one is not followed up: the next look comes as
+        if it had found nothing (:meth:`_scheduled`), and chases the stretch from there if
+        it still lasts."""
         now = _now()
+        aimed, self._aimed = self._aimed, False
         if found is not None:
             if found != self._chasing:
                 self._chasing, self._chase = found, 0
+                if aimed and found[1] is not None:
+                    self._chase = 1  # a next look that finds it again chases it
+                    return self._scheduled(now)
             self._chase += 1
             lasted = max(self.interval_s, (now - self._found_since) / 1e9)
             return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S, lasted)
         self._chasing, self._chase = None, 0
+        return self._scheduled(now)
+
+    def _scheduled(self, now: int) -> float:
+        """Seconds to the next look when nothing is chased: the first point ``OVERRUN``
+        typical lengths into a step (the steps are assumed to follow the current one at
+        their typical length), or where the recent steps' recurring stretch can be sampled
+        (:attr:`aim`), ``gap_sample_s`` from now or later. A step that overruns by longer
+        than that is always found: where looks are aimed, a look that finds its step
+        already longer than typical looks again at that step's overrun point."""
         typical, start = self.typical_ns(), self.tracker.step_start_ns
         floor = self.interval_s
-        if typical is None or now - self._found_at < RECENT_S * 1e9:
+        if typical is None:
             floor /= FAST_FACTOR
         if typical is None or start is None:
             return floor
+        aim = self.aim
+        if aim is None:
+            offset = int(OVERRUN * typical)
+        else:
+            overrun_at = start + int(OVERRUN * typical)
+            if now - start > typical and overrun_at > now:
+                return (overrun_at - now) / 1e9  # a late step: is it overrunning?
+            offset = aim[0]
+            self._aimed = True
         earliest = now + int(floor * 1e9)
-        target = start + int(OVERRUN * typical)
+        target = start + offset
         if target < earliest:
             target += -(-(earliest - target) // typical) * typical  # whole steps later
-        # never more than a typical length past the floor: where the typical length is
-        # still that of slower steps before (the first ones), the next look comes soon
-        # enough to see what the shorter steps now do
-        return min(target - now, max(earliest - now, typical)) / 1e9
+        # never later than a typical length after the floor (an aimed look: it lands where
+        # the stretch is), or than the longer of the two (else: where the typical length is
+        # still that of slower steps before, the first ones, the next look comes soon
+        # enough to see what the shorter steps now do)
+        latest = earliest - now + typical if self._aimed else max(earliest - now, typical)
+        return min(target - now, latest) / 1e9
 
     def _sample_once(self, age_ns: int, now: int | None = None) -> int | None:
         """Sample the training thread if it has been outside every phase, or in one data
@@ -308,6 +343,7 @@ class GapSource:
         start, end = info.start_ns - offset, info.end_ns - offset  # perf_counter ns
         self._lengths.append(end - start)
         gaps, waits = self._segments(info.phase_intervals, start, end)
+        self._aim_at(gaps, waits, start)
         samples = self._take_samples(end)
         blocked = self._device_waits(info, gaps, offset)
         self._split_totals(info, gaps, blocked)
@@ -331,6 +367,27 @@ class GapSource:
                 attrs[semconv.ATTR_DATA_WORKER] = workers.most_common(1)[0][0]
             _where(attrs, inside)
             events.append((semconv.EVENT_DATA_WAIT, w_start + offset, attrs))
+
+    def _aim_at(self, gaps: list[tuple[str | None, str | None, int, int]],
+                waits: list[tuple[int, int]], start: int) -> None:
+        """Where the sampler aims in the steps to come (:attr:`aim`): the middle of the
+        sampleable part (older than SAMPLE_AGE_S) of this step's longest stretch or data wait
+        of SAMPLE_AGE_S + AIM_MIN_S or more; kept through AIM_MISSES - 1 steps without one."""
+        age = int(SAMPLE_AGE_S * 1e9)
+        least = age + int(AIM_MIN_S * 1e9)
+        best = None
+        for a, b in [(g[2], g[3]) for g in gaps] + waits:
+            if b - a >= least and (best is None or b - a > best[1] - best[0]):
+                best = (a, b)
+        if best is None:
+            self._aim_misses += 1
+            if self._aim_misses >= AIM_MISSES:
+                self.aim = None
+            return
+        self._aim_misses = 0
+        a, b = best
+        middle = a + (age + b - a) // 2
+        self.aim = (middle - start, b - middle)
 
     def _device_waits(self, info: Any, gaps: list[tuple[str | None, str | None, int, int]],
                       offset: int) -> list[int | None]:
