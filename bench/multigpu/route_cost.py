@@ -215,6 +215,11 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
             "parts_us_per_collective": {part: statistics.median(marginal(
                 rows, lambda b, part=part: b["emitter_parts_ns"].get(part, 0) / 1e9))
                 for part in parts},
+            # ... and per second of training (what the base and pad blocks' difference
+            # in length adds: the part's share of "per second")
+            "parts_ms_per_s": {part: statistics.median(1e3 * per_s(
+                b, p, lambda blk, part=part: blk.get("emitter_parts_ns", {}).get(part, 0) / 1e9)
+                for b, _, p in triples(rows)) for part in parts},
             "parts_us_per_step": {part: statistics.median(
                 1e6 * t[0]["emitter_parts_ns"].get(part, 0) / 1e9 / t[0]["steps"]
                 for t in triples(rows)) for part in parts},
@@ -319,11 +324,13 @@ def markdown(results: list[dict], env: dict) -> str:
                 continue
             lines += [f"The emitter by part, {r['ranks']} ranks, {arm} (`--parts`: thread CPU "
                       "of each part, nested parts inside their callers; the base blocks' us a "
-                      "step, whole; us per extra collective as above):", "",
-                      "| part | us / step (base) | us / collective |", "| --- | --- | --- |"]
+                      "step, whole; us per extra collective and ms per second as above):",
+                      "", "| part | us / step (base) | us / collective | ms / s |",
+                      "| --- | --- | --- | --- |"]
             for part, us in sorted(a["parts_us_per_step"].items(), key=lambda kv: -kv[1]):
                 lines.append(f"| {part} | {us:.1f} | "
-                             f"{a['parts_us_per_collective'].get(part, 0.0):.2f} |")
+                             f"{a['parts_us_per_collective'].get(part, 0.0):.2f} | "
+                             f"{a.get('parts_ms_per_s', {}).get(part, 0.0):.3f} |")
             lines.append("")
     return "\n".join(lines) + "\n"
 
