@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import otel_train  # noqa: E402
+from otel_train.sources import gaps as _gaps  # noqa: E402
 
 FAULT = os.environ.get("FAULT", "none")
 FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
@@ -67,6 +68,11 @@ KINDS = ("base", "coll", "pad")
 COST_DURATION_S = float(os.environ.get("COST_DURATION_S", "30"))
 COST_SETTLE_S = float(os.environ.get("COST_SETTLE_S", "1.5"))
 WARMUP, SETTLE_STEPS = 3, 3
+#: a block whose steps are LENGTH_CHANGE times longer or shorter than the block before it
+#: settles FOLLOW_STEPS at least: the gap sampler's typical step length, the median of its
+#: RECENT_STEPS last steps, is the new steps' after that many
+LENGTH_CHANGE = 1.5
+FOLLOW_STEPS = _gaps.RECENT_STEPS // 2 + 1
 if COST_BLOCK:
     STEPS = 1_000_000  # the blocks end the loop
 
@@ -289,6 +295,12 @@ class Blocks:
         last = self.walls.get(name, self.walls.get("coll") if name == "pad" else None)
         settle = (2 * SETTLE_STEPS if last is None else
                   max(SETTLE_STEPS, math.ceil(COST_SETTLE_S / max(1e-3, last / COST_BLOCK))))
+        before = block["wall_s"]
+        if last is None or max(last, before) > LENGTH_CHANGE * min(last, before):
+            # steps of another length (coll after base): until the gap sampler's typical
+            # length (the median of its recent steps) is the new one's, it takes every step
+            # for an overrun and chases it; a user's steady steps are not measured so
+            settle = max(settle, FOLLOW_STEPS)
         flags = torch.tensor([-float(measured >= COST_DURATION_S
                                      and len(self.done) % len(KINDS) == 0), float(settle)],
                              device=self.device)
