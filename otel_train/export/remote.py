@@ -393,13 +393,19 @@ class RemotePipeline:
         socket, what was read before is returned."""
         if self._sock is not None and self._send_lock.acquire(blocking=False):
             try:
-                if self._sock is not None:
-                    self._take_replies(self._inbox.poll(self._sock))
-            except OSError:
-                pass  # a closed socket: the next send counts what it loses
+                self._read_replies()
             finally:
                 self._send_lock.release()
         return self._exporter_past + self._exporter_live
+
+    def _read_replies(self) -> None:
+        """Take what the exporter has replied so far (the caller holds the send lock)."""
+        if self._sock is None:
+            return
+        try:
+            self._take_replies(self._inbox.poll(self._sock))
+        except OSError:
+            pass  # a closed socket: the next send counts what it loses
 
     # --- what the emitter makes ---------------------------------------------------------
     def define_instrument(self, name: str) -> _ProxyInstrument:
@@ -449,11 +455,8 @@ class RemotePipeline:
         ops = self._ops
         if not ops:
             with self._send_lock:  # nothing to send: still hear the exporter's reports
-                if self._sock is not None and self._replies_due():
-                    try:
-                        self._take_replies(self._inbox.poll(self._sock))
-                    except OSError:
-                        pass
+                if self._replies_due():
+                    self._read_replies()
             return
         batch = []
         popleft = ops.popleft

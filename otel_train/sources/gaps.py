@@ -23,8 +23,8 @@ middle of where it can be sampled, on the first step ``gap_sample_s`` or more fr
 (another sample of it waits for that step), so a recurring stretch costs one wake-up a
 ``gap_sample_s`` at most, and is sampled alike wherever in the step it lies. Until the
 typical length is known it lands four times as often. Nothing runs on the training thread
-beyond one attribute store per phase end. The samples are matched to the stretches when the step is emitted, on the
-emitter thread, and leave as span events with OpenTelemetry's ``code.*`` attributes: events
+beyond one attribute store per phase end. The samples are matched to the stretches when
+the step is emitted, on the emitter thread, and leave as span events with OpenTelemetry's ``code.*`` attributes: events
 because the pinned collector's OTLP receiver and the Jaeger/Tempo backends keep span events
 everywhere, while the OTLP profiles signal is still in development and not enabled in its
 pipelines; events sit on the step's span, so "slow operations bound to a span id" holds.
@@ -175,10 +175,10 @@ class GapSource:
         #: lengths between the last few looks that saw steps begin (typical_ns)
         self._seen: tuple[int, int | None] = (0, None)
         self._spans: collections.deque[int] = collections.deque(maxlen=LIVE_SPANS)
-        #: where in a step the recent steps' longest sampleable stretch can be sampled:
-        #: (ns from the step's start to the middle of its sampleable part, ns from there to
-        #: its end), set on the emitter thread; None where the last steps had none
-        self.aim: tuple[int, int] | None = None
+        #: where in a step the recent steps' longest sampleable stretch can be sampled: ns
+        #: from the step's start to the middle of its sampleable part, set on the emitter
+        #: thread; None where the last steps had none
+        self.aim: int | None = None
         self._aim_misses = 0
         self._aimed = False  # the next look is an aimed one
         #: wake-ups, and of them the looks that sampled a stretch, and that found a step past
@@ -299,7 +299,7 @@ class GapSource:
             overrun_at = start + int(OVERRUN * typical)
             if now - start > typical and overrun_at > now:
                 return (overrun_at - now) / 1e9  # a late step: is it overrunning?
-            offset = aim[0]
+            offset = aim
             self._aimed = True
         earliest = now + int(floor * 1e9)
         target = start + offset
@@ -386,8 +386,7 @@ class GapSource:
             return
         self._aim_misses = 0
         a, b = best
-        middle = a + (age + b - a) // 2
-        self.aim = (middle - start, b - middle)
+        self.aim = a + (age + b - a) // 2 - start
 
     def _device_waits(self, info: Any, gaps: list[tuple[str | None, str | None, int, int]],
                       offset: int) -> list[int | None]:
