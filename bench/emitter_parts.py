@@ -6,7 +6,8 @@ after a step, on each drain tick, per record, the step gates), the emitter's own
 release of held steps, emit_step, drop reports) and the send to the exporter process are
 wrapped to add their thread CPU time (``time.thread_time_ns``: exact, per thread) to a
 table. Nested parts: ``emit_step`` includes the step listeners, ``pump`` everything.
-Listeners are wrapped when registered: open the context before ``instrument()``.
+Listeners are wrapped when registered: open the context before ``instrument()``. The gap
+sampler's look and schedule are timed as well (on its own thread: parts named ``gap sampler``).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def timing_parts() -> Iterator[dict[str, list[int]]]:
         return f"{kind} {getattr(fn, '__qualname__', repr(fn))}"
 
     from otel_train.emitter import accounts, core, logs, steps
+    from otel_train.sources import gaps
 
     cls, assembly = core.Emitter, steps.StepAssembly
     saved = {(owner, name): getattr(owner, name) for owner, names in (
@@ -47,7 +49,8 @@ def timing_parts() -> Iterator[dict[str, list[int]]]:
                     "exemplar_context")),
         (logs.LogRecords, ("captured",)),
         (accounts.Losses, ("report_drops", "report_internal_errors")),
-        (remote.RemotePipeline, ("commit", "step"))) for name in names}
+        (remote.RemotePipeline, ("commit", "step")),
+        (gaps.GapSource, ("_look", "_sample_once", "_next_look"))) for name in names}
 
     def original(owner: Any, name: str) -> Any:
         return saved[(owner, name)]
@@ -78,6 +81,13 @@ def timing_parts() -> Iterator[dict[str, list[int]]]:
                                          original(remote.RemotePipeline, "commit"))
     remote.RemotePipeline.step = timed("emit_step: pipeline.step (the step record queued)",
                                        original(remote.RemotePipeline, "step"))
+    # the gap sampler's thread (not the emitter's): a look's work, of it the stack read, and
+    # the next look's schedule; its thread CPU less these is the price of waking at all
+    source = gaps.GapSource
+    source._look = timed("gap sampler: look (its stack read in)", original(source, "_look"))
+    source._sample_once = timed("gap sampler: look: the stretch check and stack read",
+                                original(source, "_sample_once"))
+    source._next_look = timed("gap sampler: schedule", original(source, "_next_look"))
     try:
         yield parts
     finally:

@@ -194,6 +194,22 @@ def wakeups_per_s(rows: list[dict], k: int) -> dict[str, float]:
     return out
 
 
+OTEL_THREADS = (EMITTER, "py:otel-train-gap-sampler")
+
+
+def sampler_us_per_wakeup(rows: list[dict]) -> dict[str, float]:
+    """By kind of block, median over (rank, triple): the gap sampler thread's CPU us over
+    its wake-ups in the block (what a look costs, wake-up and work)."""
+    out = {}
+    for k, kind in enumerate(KINDS):
+        values = [1e6 * t[k]["threads_cpu_s"].get(OTEL_THREADS[1], 0.0)
+                  / t[k]["wakeups"]["gap_sampler"] for t in triples(rows)
+                  if t[k].get("wakeups", {}).get("gap_sampler")]
+        if values:
+            out[kind] = statistics.median(values)
+    return out
+
+
 def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
     per: dict[str, dict] = {}
     for arm in args.arms:
@@ -226,6 +242,12 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
             # the three ways otel-train's threads' CPU scales: per second of training, per
             # step, per collective (above); and all of it in the base blocks, as a user sees
             "otel_per_s_ms": [1e3 * per_s(b, p, otel) for b, _, p in triples(rows)],
+            # ... of it each of otel-train's threads, and the gap sampler's CPU a wake-up by
+            # kind of block (what one look costs: its wake-up and its work)
+            "per_s_by_thread_ms": {name: statistics.median(
+                1e3 * per_s(b, p, thread(name)) for b, _, p in triples(rows))
+                for name in names if name in OTEL_THREADS},
+            "sampler_us_per_wakeup": sampler_us_per_wakeup(rows),
             "otel_per_step_us": per_step(rows, otel),
             "otel_threads_ms_per_s": [1e3 * sum(otel(b) for b in r["blocks"]
                                                 if b.get("kind") == "base")
@@ -304,6 +326,18 @@ def markdown(results: list[dict], env: dict) -> str:
                 if w:
                     lines.append(f"| {r['ranks']} | {arm} | {kind} | " + " | ".join(
                         f"{w[n]:.1f}" if n in w else "-" for n in WAKERS) + " |")
+    lines += ["", "otel-train's threads per second of training (ms/s, median over (rank, "
+              "triple)), and the gap sampler's CPU a wake-up by kind of block (us):", "",
+              "| ranks | arm | emitter ms/s | gap sampler ms/s | sampler us / wake-up: "
+              + " / ".join(KINDS) + " |", "| --- | --- | --- | --- | --- |"]
+    for r in results:
+        for arm, a in r["arms"].items():
+            if "per_s_by_thread_ms" not in a or arm in ("bare", "plugin_only"):
+                continue
+            by, wake = a["per_s_by_thread_ms"], a.get("sampler_us_per_wakeup", {})
+            lines.append(f"| {r['ranks']} | {arm} | {by.get(OTEL_THREADS[0], 0.0):.3f} | "
+                         f"{by.get(OTEL_THREADS[1], 0.0):.3f} | " + " / ".join(
+                             f"{wake[k]:.0f}" if k in wake else "-" for k in KINDS) + " |")
     lines += ["", "Where the marginal CPU per collective goes, by thread name (us, median "
               "over (rank, triple); NCCL's threads named by NCCL_SET_THREAD_NAME=1):", ""]
     for r in results:
@@ -323,7 +357,8 @@ def markdown(results: list[dict], env: dict) -> str:
             if not a.get("parts_us_per_step"):
                 continue
             lines += [f"The emitter by part, {r['ranks']} ranks, {arm} (`--parts`: thread CPU "
-                      "of each part, nested parts inside their callers; the base blocks' us a "
+                      "of each part, nested parts inside their callers; the gap sampler's "
+                      "parts are its own thread's; the base blocks' us a "
                       "step, whole; us per extra collective and ms per second as above):",
                       "", "| part | us / step (base) | us / collective | ms / s |",
                       "| --- | --- | --- | --- |"]
