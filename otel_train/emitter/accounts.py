@@ -67,10 +67,13 @@ class Losses:
 
     def report_drops(self) -> None:
         """Bring the dropped counter up to date with what the recorder and exporters lost."""
-        # counts only grow: unchanged sums (and no exporter report since) say nothing new,
-        # without building the totals at every drain
+        # counts only grow: unchanged sums say nothing new, without building the totals
+        # (and polling the exporter's socket) at every drain. The exporter's own drops as
+        # read so far: its reports come after every batch (acknowledgements), most of them
+        # with the same drops; the ones read by this drain's commit count at the next
+        exporter = getattr(self.pipeline, "exporter_dropped_read", None)
         seen = (sum(self.recorder.dropped.values()), sum(self.pipeline.dropped.values()),
-                getattr(self.pipeline, "reports_taken", None))
+                exporter() if exporter is not None else None)
         if seen == self._drops_seen:
             return
         self._drops_seen = seen

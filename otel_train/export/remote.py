@@ -190,9 +190,6 @@ class RemotePipeline:
         self._names: dict[int, str] = {}
         self._inbox = Inbox()
         self._replies_read_at = 0.0  # time.monotonic() of the last read of the replies
-        #: exporter reports taken (and exporters retired): what the emitter's drop report
-        #: checks for news
-        self.reports_taken = 0
         self.kind = choose_exporter(cfg)
         self.meter = _ProxyMeter(self)
         self.restarts = 0
@@ -329,7 +326,6 @@ class RemotePipeline:
         self._retire_exporter_counts()
 
     def _retire_exporter_counts(self) -> None:
-        self.reports_taken += 1
         self._exporter_past.update(self._exporter_live)
         self._exporter_live = collections.Counter()
         for kind, counts in self._accounts_live.items():
@@ -353,7 +349,6 @@ class RemotePipeline:
     def _take_replies(self, frames: list[Any]) -> Any:
         """Apply drop reports and acknowledgements; return a REPLY_DONE frame if one came."""
         done = None
-        self.reports_taken += len(frames)
         for frame in frames:
             if frame[0] == REPLY_SERIES:
                 self._series_live = frame[1]
@@ -397,6 +392,10 @@ class RemotePipeline:
             finally:
                 self._send_lock.release()
         return self._exporter_past + self._exporter_live
+
+    def exporter_dropped_read(self) -> int:
+        """The exporter processes' drops as read so far, all signals (no read: cheap)."""
+        return sum(self._exporter_past.values()) + sum(self._exporter_live.values())
 
     def _read_replies(self) -> None:
         """Take what the exporter has replied so far (the caller holds the send lock)."""

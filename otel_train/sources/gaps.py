@@ -56,6 +56,7 @@ MAX_SAMPLES = 4096
 #: lasts (or its step's overrun), the sampler looks again after this, then BACKOFF times
 #: as long, and so on...
 SAMPLE_AGE_S = 0.05
+_SAMPLE_AGE_NS = int(SAMPLE_AGE_S * 1e9)
 BACKOFF = 3
 #: ... up to this (a training loop paused outside every phase costs ~no wake-ups)
 CHASE_MAX_S = 30.0
@@ -104,16 +105,33 @@ def code_kind(filename: str) -> int:
     return USER
 
 
-def user_frames(frame: Any, kinds: dict[Any, int]) -> tuple[Frame, ...]:
+#: code kinds known at most (a run that makes code without end, exec'd or generated, starts
+#: its cache again past it)
+MAX_KINDS = 65536
+
+
+def user_frames(frame: Any, kinds: dict[int, tuple[Any, int]]) -> tuple[Frame, ...]:
     """The innermost user frames of a stack, innermost first, up to ``STACK_DEPTH``; the walk
     stops at otel-train's own hooks and the DataLoader iterator's ``__next__`` (what lies
-    outside them is the loop, not the wait)."""
+    outside them is the loop, not the wait).
+
+    ``kinds`` caches each code object's kind by its id, beside the code itself (held: its id
+    is not reused while cached). Not by the code object: a code object's hash is taken
+    afresh at every lookup over its constants, nested code included, so a script's
+    ``<module>`` frame cost ~0.1 ms a sample on an H200 host's cold core."""
     out: list[Frame] = []
     while frame is not None and len(out) < STACK_DEPTH:
         code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = kinds[code] = code_kind(code.co_filename)
+        known = kinds.get(id(code))
+        if known is not None and known[0] is code:
+            kind = known[1]
+        else:
+            if len(kinds) >= MAX_KINDS:  # again from the stops (the DataLoader's __next__)
+                stops = [item for item in kinds.items() if item[1][1] == OWN]
+                kinds.clear()
+                kinds.update(stops)
+            kind = code_kind(code.co_filename)
+            kinds[id(code)] = (code, kind)
         if kind == OWN:
             break
         if kind == USER:
@@ -152,7 +170,8 @@ class GapSource:
         self.samples: collections.deque[tuple[int, tuple[Frame, ...], int | None]] = (
             collections.deque(maxlen=MAX_SAMPLES))
         self._last_phase: str | None = None  # the previous step's last phase
-        self._kinds: dict[Any, int] = {_dataloader_next_code(): OWN}
+        stop_at = _dataloader_next_code()
+        self._kinds: dict[int, tuple[Any, int]] = {id(stop_at): (stop_at, OWN)}
         # a run on a GPU with its phases GPU-timed: a stretch is split into the part the
         # host was blocked on the device and the part it was busy (else all of it is busy)
         self._on_device = bool(ctx.config.cuda_timing) and training_device(ctx.model) is not None
@@ -168,6 +187,10 @@ class GapSource:
         self._thread: threading.Thread | None = None
         #: the recent steps' lengths (ns), appended on the emitter thread
         self._lengths: collections.deque[int] = collections.deque(maxlen=RECENT_STEPS)
+        #: steps emitted (their lengths appended), and the median of _lengths as of when
+        #: _median_of of them were (typical_ns, on the sampler thread)
+        self._emitted = self._median_of = 0
+        self._median: int | None = None
         self._chase = 0  # looks in a row that found the same stretch or overrun
         self._chasing: tuple[int, int | None] | None = None  # which: (step, stretch start)
         self._found_since = 0  # perf ns: when what the last look found began
@@ -200,13 +223,19 @@ class GapSource:
         """Sleep until the next look (:meth:`_next_look`), look, again. Each wake-up costs
         what it costs whatever it finds (~0.1 ms of thread CPU on a busy 2-CPU VM,
         docs/overhead.md): a run whose steps keep their typical length wakes it once a
-        ``gap_sample_s``; a step past its length, or a stretch, gets several samples."""
+        ``gap_sample_s``; a step past its length, or a stretch, gets several samples. A look
+        runs on a cold core, a few times a second: each call and each attribute it touches
+        costs several times what it costs warm, so one clock reading and one typical
+        length serve the whole look."""
         wait = self.interval_s / FAST_FACTOR
         while not self._stop.is_set():
             time.sleep(wait)  # cheaper to wake from than Event.wait
             self.wakeups += 1
             try:
-                wait = self._next_look(self._look(_now()))
+                now = _now()
+                self._observe_steps()
+                typical = self.typical_ns()
+                wait = self._next_look(self._look(now, typical), now, typical)
             except Exception as err:  # never let a sampling bug end the thread quietly
                 internal_errors.count("gaps", err)
                 wait = self.interval_s
@@ -217,10 +246,16 @@ class GapSource:
         counter shows between the sampler's looks (the shortest of the last few spans' mean
         step lengths: steps are emitted once a drain, so early in a run their median can
         still be that of the first, slow steps while the loop already runs short ones). Never
-        the counter's alone: its first span holds a first step that compiles."""
-        lengths = sorted(tuple(self._lengths))  # one copy: the emitter thread appends
-        emitted = lengths[len(lengths) // 2] if len(lengths) >= MIN_STEPS else None
-        live = min(self._spans) if self._spans else None
+        the counter's alone: its first span holds a first step that compiles. The median is
+        taken again only when steps were emitted since (once a drain, not once a look)."""
+        emitted = self._median
+        if self._median_of != self._emitted:
+            self._median_of = self._emitted  # before the copy: a step appended meanwhile
+            lengths = sorted(tuple(self._lengths))  # one copy: the emitter thread appends
+            emitted = self._median = (lengths[len(lengths) // 2]
+                                      if len(lengths) >= MIN_STEPS else None)
+        spans = self._spans
+        live = min(spans) if spans else None
         if emitted is not None and live is not None and live < emitted:
             return live
         return emitted
@@ -236,19 +271,18 @@ class GapSource:
             self._spans.append((start - last_start) // (step - last_step))
         self._seen = (step, start)
 
-    def _look(self, now: int) -> tuple[int, int | None] | None:
+    def _look(self, now: int, typical: int | None) -> tuple[int, int | None] | None:
         """Sample the training thread if it is in a stretch ``SAMPLE_AGE_S`` old or older, or
         see whether its step has run past ``OVERRUN`` times its typical length (a stretch
         may follow): what it found, as (step, the stretch's start or None for an overrun),
         or None."""
-        self._observe_steps()
-        since = self._sample_once(int(SAMPLE_AGE_S * 1e9), now)
+        since = self._sample_once(_SAMPLE_AGE_NS, now)
         tracker = self.tracker
         if since is not None:
             self._found_since = since
             self.stretch_looks += 1
             return tracker.step, since
-        typical, start = self.typical_ns(), tracker.step_start_ns
+        start = tracker.step_start_ns
         if (tracker.enabled and typical is not None and start is not None
                 and now - start > OVERRUN * typical):
             self._found_since = start
@@ -256,7 +290,8 @@ class GapSource:
             return tracker.step, None
         return None
 
-    def _next_look(self, found: tuple[int, int | None] | None) -> float:
+    def _next_look(self, found: tuple[int, int | None] | None, now: int,
+                   typical: int | None) -> float:
         """Seconds to the next look: SAMPLE_AGE_S, growing BACKOFF-fold, while looks find the
         same stretch or overrun (a new one, in another step or after another phase, starts
         again at SAMPLE_AGE_S: back-to-back slow steps are each sampled), but never longer
@@ -264,29 +299,28 @@ class GapSource:
         ends soon is not followed by a long sleep that a next one falls into). A look aimed
         at a recurring stretch that found one is not followed up: the next look comes as
         if it had found nothing (:meth:`_scheduled`), and chases the stretch from there if
-        it still lasts."""
-        now = _now()
+        it still lasts. ``now`` and ``typical``: the look's."""
         aimed, self._aimed = self._aimed, False
         if found is not None:
             if found != self._chasing:
                 self._chasing, self._chase = found, 0
                 if aimed and found[1] is not None:
                     self._chase = 1  # a next look that finds it again chases it
-                    return self._scheduled(now)
+                    return self._scheduled(now, typical)
             self._chase += 1
             lasted = max(self.interval_s, (now - self._found_since) / 1e9)
             return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S, lasted)
         self._chasing, self._chase = None, 0
-        return self._scheduled(now)
+        return self._scheduled(now, typical)
 
-    def _scheduled(self, now: int) -> float:
+    def _scheduled(self, now: int, typical: int | None) -> float:
         """Seconds to the next look when nothing is chased: the first point ``OVERRUN``
         typical lengths into a step (the steps are assumed to follow the current one at
         their typical length), or where the recent steps' recurring stretch can be sampled
         (:attr:`aim`), ``gap_sample_s`` from now or later. A step that overruns by longer
         than that is always found: where looks are aimed, a look that finds its step
         already longer than typical looks again at that step's overrun point."""
-        typical, start = self.typical_ns(), self.tracker.step_start_ns
+        start = self.tracker.step_start_ns
         floor = self.interval_s
         if typical is None:
             floor /= FAST_FACTOR
@@ -342,6 +376,7 @@ class GapSource:
         offset = self.emitter.offset
         start, end = info.start_ns - offset, info.end_ns - offset  # perf_counter ns
         self._lengths.append(end - start)
+        self._emitted += 1
         gaps, waits = self._segments(info.phase_intervals, start, end)
         self._aim_at(gaps, waits, start)
         samples = self._take_samples(end)

@@ -26,7 +26,7 @@ def test_the_straggler_alert_names_the_slow_rank_on_replayed_metrics(tmp_path: P
     run_dir = run_demo(tmp_path / "runs", "replay-straggler", 25,
                        ("--slow-rank", "1", "--ddp", "--workers", "0"),
                        # a run of seconds, exported every half second: the points must
-                       # reach the exporter as often (the default drains once a second)
+                       # reach the exporter as often (the default drains every two seconds)
                        env={"OTEL_METRIC_EXPORT_INTERVAL": "500",
                             "OTEL_TRAIN_EMIT_INTERVAL_MS": "200"})
     ev = evaluate(run_dir, tmp_path / "eval", "TrainingStragglerRank",

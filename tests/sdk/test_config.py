@@ -44,7 +44,7 @@ def test_arguments_override_the_environment():
 @pytest.mark.parametrize("name,value,field,default", [
     ("OTEL_TRAIN_QUEUE_SIZE", "-3", "queue_size", 65536),
     ("OTEL_TRAIN_QUEUE_SIZE", "lots", "queue_size", 65536),
-    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "nan", "emit_interval_s", 1.0),
+    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "nan", "emit_interval_s", 2.0),
     ("OTEL_TRAIN_PROMETHEUS_PORT", "70000", "prometheus_port", None),
     ("OTEL_TRAIN_EXPORTER", "kafka", "exporter", "auto"),
     ("OTEL_TRAIN_RUN_ID", "../../etc", "run_id", None),
@@ -96,7 +96,7 @@ def test_collective_span_mode_from_environment_and_argument():
 
 
 @pytest.mark.parametrize("name,value,why,used", [
-    ("emit_interval_s", -5, "a positive number of seconds", 1.0),
+    ("emit_interval_s", -5, "a positive number of seconds", 2.0),
     ("queue_size", 0, "a positive integer of records", 65536),
     ("queue_size", 2.5, "a positive integer of records", 65536),
     ("prometheus_port", 99999, "a TCP port, 1-65535", None),
@@ -124,7 +124,7 @@ def test_a_bad_argument_falls_back_to_the_environment_s_value():
 
 
 @pytest.mark.parametrize("name,value,message", [
-    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "abc", "a positive number of milliseconds); using 1000"),
+    ("OTEL_TRAIN_EMIT_INTERVAL_MS", "abc", "a positive number of milliseconds); using 2000"),
     ("OTEL_TRAIN_GAP_SAMPLE_MS", "-1", "a non-negative number of milliseconds); using 200"),
     ("OTEL_TRAIN_STALL_TIMEOUT_S", "soon", "a positive number of seconds); using 60.0"),
     ("OTEL_TRAIN_NCCL_POLL_MS", "5000", "an integer of milliseconds, 1-1000); using 25"),

@@ -81,7 +81,7 @@ def _demo(collector: Collector, workdir: Path, run_id: str, aggregation: str) ->
         "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION": aggregation,
         "OTEL_METRIC_EXPORT_INTERVAL": "500",
         # a run of seconds exported every half second: rates and exemplars need the points
-        # to reach the exporter as often (the default drains once a second)
+        # to reach the exporter as often (the default drains every two seconds)
         "OTEL_TRAIN_EMIT_INTERVAL_MS": "200",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
         "OTEL_BLRP_SCHEDULE_DELAY": "200",

@@ -1,9 +1,9 @@
 """A user's torchrun script (gloo, DDP, instrumented) in which one rank fails mid-run.
 
 FAIL=raise: rank FAIL_RANK raises at step FAIL_STEP (a message holding a token, which must
-come out scrubbed); FAIL=kill: it SIGKILLs itself there (no cleanup, no run span), 1.5 s
-after reaching it so that its first steps were exported (the emitter drains every second). The other
-ranks then lose it in their next collective, or are stopped by torchrun.
+come out scrubbed); FAIL=kill: it SIGKILLs itself there (no cleanup, no run span), 2.5 s
+after reaching it so that its first steps were exported (the emitter drains every two
+seconds). The other ranks then lose it in their next collective, or are stopped by torchrun.
 """
 
 import datetime
@@ -32,7 +32,7 @@ if __name__ == "__main__":
         for step, (x, y) in enumerate(loader):
             if rank == FAIL_RANK and step == FAIL_STEP:
                 if FAIL == "kill":  # after its first steps were exported, as in a long run
-                    time.sleep(1.5)
+                    time.sleep(2.5)
                     os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError(f"loss is NaN (hub token {SECRET})")
             torch.nn.functional.mse_loss(ddp(x), y).backward()
