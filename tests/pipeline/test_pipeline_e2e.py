@@ -85,6 +85,10 @@ class DemoRun:
             "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
             "OTEL_EXPORTER_OTLP_TIMEOUT": "2",
             "OTEL_METRIC_EXPORT_INTERVAL": "500",
+            # The demo's 100 steps last a few seconds: drained at the default 2 s, a rank's
+            # step count can reach Prometheus first at its final value, and a rate over the
+            # run is then 0/0. Drained every 0.5 s, each scrape sees the counts move.
+            "OTEL_TRAIN_EMIT_INTERVAL_MS": "500",
             "OTEL_BSP_SCHEDULE_DELAY": "200",
             "OTEL_BLRP_SCHEDULE_DELAY": "200",
             "OTEL_TRAIN_OUTPUT_DIR": str(self.workdir / "runs"),
@@ -364,7 +368,12 @@ def test_rules_load_and_evaluate_on_the_run(pipeline):
         ("training_run:step_duration_seconds:max_over_median5m", 1),
     ):
         query = f'{record}{{training_run_id="{run_id}"}}'
-        result = wait_for(f"{record} of the run", lambda q=query: prom.query(q), 30)
+        def every_series(q: str = query, n: int = expected) -> list[dict[str, Any]] | None:
+            # a rank's record appears once two of its scrapes differ: wait for all of them
+            found = prom.query(q)
+            return found if len(found) >= n else None
+
+        result = wait_for(f"{record} of the run", every_series, 30)
         assert len(result) == expected, result
         assert all(float(r["value"][1]) > 0 for r in result), result
     # every rank's timed phases get a share of its step time, a fraction of it

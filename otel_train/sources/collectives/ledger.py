@@ -64,7 +64,7 @@ class Ledger:
                                                 self.stall, self.account, self.fr_route)
             else:
                 recorder.baseline()
-            # a second of steps between drains (emit_interval_s), fast ones too
+            # the steps of a drain interval (emit_interval_s) can wait, fast ones too
             emitter.hold_steps(self._ready, max_held=512, with_end=True)
         emitter.on_event(RECORD, self.on_record)
         emitter.before_step(self._guarded(self.before_step))
