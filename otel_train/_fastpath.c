@@ -21,6 +21,9 @@
 #include <stdint.h>
 #include <time.h>
 #include "structmember.h"
+#ifdef __linux__
+#include <dlfcn.h>
+#endif
 
 #if PY_VERSION_HEX < 0x030D0000 && !defined(__linux__)
 #error "the fast path needs Linux's CLOCK_MONOTONIC before Python 3.13 (perf_counter's clock)"
@@ -780,7 +783,102 @@ static PyObject* configure(PyObject* module, PyObject* args, PyObject* kwds) {
   Py_RETURN_NONE;
 }
 
+/* --- GPU event times for sources/gpu/cuda_timing.py (the emitter thread, not the hot path) ---
+ *
+ * cuda_elapsed(base, events, query_last): the milliseconds from the CUDA event ``base`` to
+ * each of ``events`` (raw handles: torch.cuda.Event.cuda_event), through the driver's
+ * cuEventQuery / cuEventElapsedTime, or None while one is not complete (``query_last``: the
+ * last event is queried first). torch's Event.elapsed_time costs several microseconds of
+ * Python, argument parsing and a device guard around the same driver call, once a phase
+ * boundary, on the emitter's cold core. libcuda is the one torch already loaded (RTLD_NOLOAD):
+ * none is loaded here. A driver error raises RuntimeError with its code; the caller then
+ * goes back to torch's calls for the run. The GIL is held, as torch holds it for these. */
+typedef int (*cu_query_fn)(void*);
+typedef int (*cu_elapsed_fn)(float*, void*, void*);
+static cu_query_fn cu_query = NULL;
+static cu_elapsed_fn cu_elapsed = NULL;
+#define CU_SUCCESS 0
+#define CU_NOT_READY 600
+
+static int load_driver(void) {
+#ifdef __linux__
+  if (cu_query != NULL && cu_elapsed != NULL) return 0;
+  void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (lib == NULL) {
+    PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 is not loaded in this process");
+    return -1;
+  }
+  cu_query = (cu_query_fn)dlsym(lib, "cuEventQuery");
+  cu_elapsed = (cu_elapsed_fn)dlsym(lib, "cuEventElapsedTime");
+  if (cu_query == NULL || cu_elapsed == NULL) {
+    cu_query = NULL;
+    cu_elapsed = NULL;
+    PyErr_SetString(PyExc_RuntimeError, "libcuda.so.1 lacks cuEventQuery/cuEventElapsedTime");
+    return -1;
+  }
+  return 0;
+#else
+  PyErr_SetString(PyExc_RuntimeError, "CUDA driver calls are made on Linux only");
+  return -1;
+#endif
+}
+
+static void* handle_of(PyObject* obj) {
+  void* h = PyLong_AsVoidPtr(obj);
+  if (h == NULL && !PyErr_Occurred())
+    PyErr_SetString(PyExc_ValueError, "an event not recorded yet (handle 0)");
+  return h;
+}
+
+static PyObject* cuda_elapsed(PyObject* self, PyObject* args) {
+  PyObject *base_obj, *events;
+  int query_last;
+  if (!PyArg_ParseTuple(args, "OO!p", &base_obj, &PyTuple_Type, &events, &query_last))
+    return NULL;
+  if (load_driver() < 0) return NULL;
+  void* base = handle_of(base_obj);
+  if (base == NULL) return NULL;
+  Py_ssize_t n = PyTuple_GET_SIZE(events);
+  if (n == 0) return PyTuple_New(0);
+  int rc;
+  if (query_last) {
+    void* last = handle_of(PyTuple_GET_ITEM(events, n - 1));
+    if (last == NULL) return NULL;
+    rc = cu_query(last);
+    if (rc == CU_NOT_READY) Py_RETURN_NONE;
+    if (rc != CU_SUCCESS) return PyErr_Format(PyExc_RuntimeError, "cuEventQuery: CUDA error %d", rc);
+  }
+  PyObject* out = PyTuple_New(n);
+  if (out == NULL) return NULL;
+  for (Py_ssize_t i = 0; i < n; i++) {
+    void* h = handle_of(PyTuple_GET_ITEM(events, i));
+    if (h == NULL) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    float ms = 0.0f;
+    if (h != base) {
+      rc = cu_elapsed(&ms, base, h);
+      if (rc != CU_SUCCESS) {
+        Py_DECREF(out);
+        if (rc == CU_NOT_READY) Py_RETURN_NONE;
+        return PyErr_Format(PyExc_RuntimeError, "cuEventElapsedTime: CUDA error %d", rc);
+      }
+    }
+    PyObject* v = PyFloat_FromDouble((double)ms);
+    if (v == NULL) {
+      Py_DECREF(out);
+      return NULL;
+    }
+    PyTuple_SET_ITEM(out, i, v);
+  }
+  return out;
+}
+
 static PyMethodDef module_methods[] = {
+    {"cuda_elapsed", cuda_elapsed, METH_VARARGS,
+     "cuda_elapsed(base, events, query_last): milliseconds from event handle base to each of "
+     "events (a tuple of handles), or None while one is not complete."},
     {"configure", (PyCFunction)(void (*)(void))configure, METH_VARARGS | METH_KEYWORDS,
      "configure(phase_record, step_record, data_wait, forward, optimizer, phase_fields, "
      "step_fields): the record kinds, phase names and record layouts (wire/hot_path.py; "

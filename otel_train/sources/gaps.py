@@ -536,5 +536,20 @@ def _where(attrs: dict[str, Any], samples: list[tuple[int, tuple[Frame, ...], in
     attrs[semconv.ATTR_CODE_FUNCTION] = function
     attrs[semconv.ATTR_CODE_FILE] = path
     attrs[semconv.ATTR_CODE_LINE] = line
-    attrs[semconv.ATTR_CODE_STACKTRACE] = "\n".join(f"{f} at {p}:{n}" for f, p, n in stack)
+    attrs[semconv.ATTR_CODE_STACKTRACE] = _stacktrace(stack)
     attrs[semconv.ATTR_GAP_LOCATION_SHARE] = count / len(samples)
+
+
+#: stack traces as text by stack, made once: a recurring stretch is sampled at the same
+#: stack step after step (at most _TRACES kept: a run of ever new stacks starts again)
+_TRACES: dict[tuple[Frame, ...], str] = {}
+_MAX_TRACES = 1024
+
+
+def _stacktrace(stack: tuple[Frame, ...]) -> str:
+    text = _TRACES.get(stack)
+    if text is None:
+        if len(_TRACES) >= _MAX_TRACES:
+            _TRACES.clear()
+        text = _TRACES[stack] = "\n".join(f"{f} at {p}:{n}" for f, p, n in stack)
+    return text

@@ -103,3 +103,44 @@ def test_event_recorder_marks_the_current_stream_as_event_record_does():
         side.synchronize()
         assert on_side.query()
     torch.cuda.synchronize()
+
+
+def test_the_driver_reads_give_torchs_event_times_and_wait_for_nothing():
+    """``_fastpath.cuda_elapsed`` (the emitter's route to the driver's event calls) gives
+    torch's ``elapsed_time`` for the same events, and None, not a wait, for an event the GPU
+    has not reached."""
+    from otel_train import _fastpath
+
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+    events[0].record()
+    torch.cuda._sleep(2_000_000)
+    events[1].record()
+    torch.cuda._sleep(2_000_000)
+    events[2].record()
+    events[2].synchronize()
+    ms = _fastpath.cuda_elapsed(events[0].cuda_event, tuple(e.cuda_event for e in events), True)
+    assert ms == tuple(0.0 if e is events[0] else events[0].elapsed_time(e) for e in events)
+    assert 0.0 == ms[0] < ms[1] < ms[2]
+    late = torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(500_000_000)  # ~0.3 s of GPU time ahead of the host
+    late.record()
+    assert _fastpath.cuda_elapsed(events[0].cuda_event, (late.cuda_event,), True) is None
+    assert _fastpath.cuda_elapsed(events[0].cuda_event, (late.cuda_event,), False) is None
+    late.synchronize()
+    assert _fastpath.cuda_elapsed(events[0].cuda_event, (late.cuda_event,), True)[0] > ms[2]
+
+
+def test_a_run_reads_its_gpu_times_through_the_driver_and_stays_on_it(tmp_path):
+    model, opt, data = gpu_training.setup()
+    gpu_training.train(model, opt, data, 3)
+    torch.cuda.synchronize()
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path,
+                               console_log_level="warning") as inst:
+        gpu_training.train(model, opt, data, 12)
+        source = next(s for s in inst._sources if type(s).__name__ == "CudaTimingSource")
+    assert source._driver_checked, "no step was read through the driver"
+    assert source._driver is not None, "the driver's reads were given up (a mismatch, an error)"
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    timed = [s for s in spans if s["name"] == semconv.SPAN_FORWARD]
+    assert len(timed) == 12
+    assert all(s["attrs"][semconv.ATTR_TIMING] == semconv.TIMING_GPU for s in timed)

@@ -18,6 +18,13 @@ cannot complete before the host recorded it (lower bound) nor after the emitter 
 complete (upper bound). The estimate is the tightest lower bound over recent steps, which is
 exact whenever the GPU was idle when a marker was recorded (the first step, a data wait,
 any synchronising call), clipped by the upper bounds.
+
+The emitter's reads go straight to the CUDA driver (``cuEventQuery``/``cuEventElapsedTime`` on
+the events' raw handles, ``_fastpath.cuda_elapsed``) where the C extension is built and
+``fastpath`` is on: torch's ``Event.query``/``elapsed_time`` wrap the same calls in a device
+guard and Python argument handling, several microseconds each on the emitter's cold core,
+a dozen times a step. The first read is checked against torch's; any driver error, or a
+mismatch, puts the run back on torch's calls (counted in ``otel_train.internal.errors``).
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
 from otel_train.sources import RunContext
 from otel_train.sources.gpu.device import training_device
+
+try:  # the driver's event calls without torch's Python around them (_fastpath.c)
+    from otel_train._fastpath import cuda_elapsed as _driver_elapsed
+except ImportError:  # not built, or a build older than this source
+    _driver_elapsed = None
 
 RECORD = "otel_train.cuda_timing"
 #: steps that may wait for their GPU events before they are emitted with host times only
@@ -83,12 +95,15 @@ class GpuClock:
         self.offset_ns: float | None = None
         self.uncertainty_ns = 0.0
 
-    def rebase(self, event: Any) -> float:
-        """GPU time of a completed ``event``, which becomes the reference for the next one."""
+    def rebase(self, event: Any, after_ref_ms: float | None = None) -> float:
+        """GPU time of a completed ``event``, which becomes the reference for the next one
+        (``after_ref_ms``: its time after the reference, where already read)."""
         if self.ref is None:
             gpu_ns = 0.0
         else:
-            gpu_ns = self.ref_ns + self.ref.elapsed_time(event) * 1e6
+            if after_ref_ms is None:
+                after_ref_ms = self.ref.elapsed_time(event)
+            gpu_ns = self.ref_ns + after_ref_ms * 1e6
         self.ref, self.ref_ns = event, gpu_ns
         return gpu_ns
 
@@ -126,6 +141,12 @@ class CudaTimingSource:
         self._orphans: list[Any] = []
         self.failures = 0
         self.tracker: Any = None
+        #: the driver's calls (None: torch's); checked against torch's at the first read
+        self._driver: Any = None
+        self._driver_checked = False
+        #: step -> (the clock's reference when it was read, the step's first event's ms
+        #: after it): the driver's read of what GpuClock.rebase would ask torch
+        self._after_ref: dict[int, tuple[Any, float]] = {}
 
     # --- start/stop (training thread) ------------------------------------------------
     def start(self, ctx: RunContext) -> None:
@@ -148,6 +169,8 @@ class CudaTimingSource:
         ctx.emitter.hold_steps(self._ready, MAX_HELD)
         ctx.emitter.before_step(self._before_step)
         self._unhook = ctx.tracker.add_phase_hook(self._phase_hook)
+        if ctx.config.fastpath and _driver_elapsed is not None:
+            self._driver = _driver_elapsed
 
     def stop(self) -> None:
         if self.tracker is not None:
@@ -200,9 +223,17 @@ class CudaTimingSource:
         entries = self._pending.get(step)
         if not entries:
             return True
+        first = entries[0][3]
+        if self._driver is not None:
+            rel = self._driver_read(entries)
+            if rel is not None:
+                if not rel:
+                    return False
+                self._seen_done[step] = time.time_ns()
+                self._relative[step] = rel
+                return True
         if not entries[-1][4].query():
             return False
-        first = entries[0][3]
         try:
             rel = [(0.0 if begin is first else first.elapsed_time(begin) * 1e6,
                     first.elapsed_time(end) * 1e6) for *_, begin, end, _, _ in entries]
@@ -212,20 +243,58 @@ class CudaTimingSource:
         self._relative[step] = rel
         return True
 
+    def _driver_read(self, entries: list[tuple[Any, ...]]) -> list[tuple[float, float]] | None:
+        """The step's times through the driver: (begin, end) ns after its first event per
+        phase, [] while not complete, None where the driver's calls are off (now or from
+        here: a driver error, or a first read unlike torch's). The clock's reference is read
+        in the same call: its time before this step's first event (``_after_ref``)."""
+        first = entries[0][3]
+        events = []
+        for entry in entries:
+            events.append(entry[3])
+            events.append(entry[4])
+        ref = self.clock.ref
+        driver = self._driver
+        try:
+            ms = driver(first.cuda_event, tuple(e.cuda_event for e in events), True)
+            if ms is not None and not self._driver_checked:
+                self._check_driver(first, events, ms)
+            if ms is not None and ref is not None and ref is not first:
+                after = driver(ref.cuda_event, (first.cuda_event,), False)
+                if after is None:  # complete by now: the step's first event and its ref
+                    return []
+                self._after_ref[entries[0][0]] = (ref, after[0])
+        except Exception as err:
+            internal_errors.count("cuda_timing", err)
+            self._driver = None
+            return None
+        if ms is None:
+            return []
+        return [(ms[i] * 1e6, ms[i + 1] * 1e6) for i in range(0, len(ms), 2)]
+
+    def _check_driver(self, first: Any, events: list[Any], ms: tuple[float, ...]) -> None:
+        """The first driver read against torch's own for the same events (once a run)."""
+        self._driver_checked = True
+        torch_ms = [0.0 if e is first else first.elapsed_time(e) for e in events]
+        if any(abs(a - b) > 1e-3 for a, b in zip(ms, torch_ms, strict=True)):
+            raise RuntimeError(f"the driver's event times {ms} differ from torch's {torch_ms}")
+
     def _before_step(self, info: Any) -> None:
         entries = self._pending.pop(info.step, [])
         seen = self._seen_done.pop(info.step, None)
         rel = self._relative.pop(info.step, None)
+        after_ref = self._after_ref.pop(info.step, None)
         for stale in [s for s in self._pending if s < info.step]:
             self._orphans.extend(e for entry in self._pending.pop(stale) for e in entry[3:5])
             self._relative.pop(stale, None)
+            self._after_ref.pop(stale, None)
         if not entries:
             return
         if seen is None or rel is None:  # released unresolved (too many held): host times
             self._orphans.extend(e for entry in entries for e in entry[3:5])
             return
         try:
-            self._resolve(info, entries, seen, rel)
+            self._resolve(info, entries, seen, rel, after_ref)
         finally:
             for entry in entries:
                 for event in entry[3:5]:
@@ -233,11 +302,14 @@ class CudaTimingSource:
                         self.pool.give(event)
 
     def _resolve(self, info: Any, entries: list[tuple[Any, ...]], seen_wall: int,
-                 rel: list[tuple[float, float]]) -> None:
+                 rel: list[tuple[float, float]], after_ref: tuple[Any, float] | None = None
+                 ) -> None:
         wall = self.emitter.wall
         first = entries[0][3]
         old_ref = self.clock.ref
-        base = self.clock.rebase(first)
+        # the reference read with the step's events holds only if it is still the reference
+        base = self.clock.rebase(first, after_ref[1] if after_ref is not None
+                                 and after_ref[0] is old_ref else None)
         if old_ref is not None and old_ref is not first:
             self.pool.give(old_ref)
         times = []  # (phase, span id, gpu begin, gpu end, host begin, host end) ns
