@@ -541,7 +541,7 @@ def _where(attrs: dict[str, Any], samples: list[tuple[int, tuple[Frame, ...], in
 
 
 #: stack traces as text by stack, made once: a recurring stretch is sampled at the same
-#: stack step after step (at most _TRACES kept: a run of ever new stacks starts again)
+#: stack step after step (at most _MAX_TRACES kept: a run of ever new stacks starts again)
 _TRACES: dict[tuple[Frame, ...], str] = {}
 _MAX_TRACES = 1024
 
