@@ -246,8 +246,8 @@ class CudaTimingSource:
     def _driver_read(self, entries: list[tuple[Any, ...]]) -> list[tuple[float, float]] | None:
         """The step's times through the driver: (begin, end) ns after its first event per
         phase, [] while not complete, None where the driver's calls are off (now or from
-        here: a driver error, or a first read unlike torch's). The clock's reference is read
-        in the same call: its time before this step's first event (``_after_ref``)."""
+        here: a driver error, or a first read unlike torch's). A second call reads the step's
+        first event after the clock's reference (``_after_ref``: what rebase asks)."""
         first = entries[0][3]
         events = []
         for entry in entries:
@@ -261,7 +261,7 @@ class CudaTimingSource:
                 self._check_driver(first, events, ms)
             if ms is not None and ref is not None and ref is not first:
                 after = driver(ref.cuda_event, (first.cuda_event,), False)
-                if after is None:  # complete by now: the step's first event and its ref
+                if after is None:  # the first event on another stream, not done yet
                     return []
                 self._after_ref[entries[0][0]] = (ref, after[0])
         except Exception as err:
