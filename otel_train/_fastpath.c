@@ -23,6 +23,8 @@
 #include "structmember.h"
 #ifdef __linux__
 #include <dlfcn.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
 #endif
 
 #if PY_VERSION_HEX < 0x030D0000 && !defined(__linux__)
@@ -78,6 +80,8 @@ typedef struct {
   PyObject* recorder;
   PyObject* fixed_samples; /* None or int */
   PyObject* fixed_tokens;
+  int alarm_fd;              /* the gap sampler's overrun alarm (a timerfd), -1: none */
+  long long alarm_after_ns;  /* armed this long after each step's start; 0: not armed */
 } Core;
 
 static PyTypeObject CoreType;
@@ -197,6 +201,25 @@ static inline void set_obj(PyObject** slot, PyObject* value) {
   Py_XSETREF(*slot, value);
 }
 
+/* The gap sampler's overrun alarm (sources/gaps.py): at each step's start the training thread
+ * moves a one-shot timer to where the step would have run past its typical length, so the
+ * sampler sleeps while steps keep their length and wakes when one does not (one
+ * timerfd_settime a step, ~1 us, instead of the sampler waking to look). Errors are ignored:
+ * a missed alarm costs a sample, never the step. */
+static int alarm_arm(int fd, long long at_ns) {
+#ifdef __linux__
+  struct itimerspec when = {{0, 0}, {0, 0}};
+  if (at_ns < 1) at_ns = 1; /* 0 would disarm it */
+  when.it_value.tv_sec = (time_t)(at_ns / 1000000000LL);
+  when.it_value.tv_nsec = (long)(at_ns % 1000000000LL);
+  return timerfd_settime(fd, TFD_TIMER_ABSTIME, &when, NULL);
+#else
+  (void)fd;
+  (void)at_ns;
+  return -1;
+#endif
+}
+
 /* _PyTrackerCore._finish_step; -1 with an exception set */
 static int core_finish_step(Core* self) {
   PyObject* end = self->pending_end_ns ? self->pending_end_ns : Py_None;
@@ -235,6 +258,13 @@ static int core_finish_step(Core* self) {
   set_obj(&self->step_start_ns, end);
   set_obj(&self->pending_end_ns, Py_None);
   self->forwards = self->samples = self->tokens = 0;
+  if (self->alarm_fd >= 0 && self->alarm_after_ns > 0 && PyLong_CheckExact(end)) {
+    long long at = PyLong_AsLongLong(end);
+    if (at == -1 && PyErr_Occurred())
+      PyErr_Clear();
+    else
+      alarm_arm(self->alarm_fd, at + self->alarm_after_ns);
+  }
   rc = 0;
 done:
   Py_XDECREF(record);
@@ -358,6 +388,7 @@ static PyObject* core_new(PyTypeObject* type, PyObject* args, PyObject* kwds) {
   }
   Core* self = (Core*)type->tp_alloc(type, 0);
   if (self == NULL) return NULL;
+  self->alarm_fd = -1;
   /* every object member starts as None, as tracker.py's __init__ would leave it */
   PyObject** objs[] = {&self->step_start_ns, &self->pending_end_ns, &self->phase,
                        &self->data_iter, &self->fixed_samples, &self->fixed_tokens};
@@ -398,6 +429,8 @@ static PyMemberDef core_members[] = {
     M("_recorder", T_OBJECT, recorder),
     M("fixed_samples", T_OBJECT, fixed_samples),
     M("fixed_tokens", T_OBJECT, fixed_tokens),
+    M("_alarm_fd", T_INT, alarm_fd),
+    M("_alarm_after_ns", T_LONGLONG, alarm_after_ns),
     {NULL, 0, 0, 0, NULL},
 };
 #undef M
@@ -875,7 +908,33 @@ static PyObject* cuda_elapsed(PyObject* self, PyObject* args) {
   return out;
 }
 
+#ifdef __linux__
+/* alarm_open(): a timer on CLOCK_MONOTONIC (perf_counter's clock), non-blocking, closed on
+ * exec; alarm_set(fd, at_ns): it fires once at perf_counter ns at_ns. */
+static PyObject* alarm_open(PyObject* self, PyObject* Py_UNUSED(ignored)) {
+  int fd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (fd < 0) return PyErr_SetFromErrno(PyExc_OSError);
+  return PyLong_FromLong(fd);
+}
+
+static PyObject* alarm_set(PyObject* self, PyObject* args) {
+  int fd;
+  long long at_ns;
+  if (!PyArg_ParseTuple(args, "iL", &fd, &at_ns)) return NULL;
+  if (alarm_arm(fd, at_ns) < 0) return PyErr_SetFromErrno(PyExc_OSError);
+  Py_RETURN_NONE;
+}
+#endif
+
 static PyMethodDef module_methods[] = {
+#ifdef __linux__
+    {"alarm_open", alarm_open, METH_NOARGS,
+     "alarm_open(): a one-shot timer's file descriptor on perf_counter's clock (a timerfd, "
+     "non-blocking): the gap sampler's overrun alarm, which the tracker moves at each step's "
+     "start (its _alarm_fd, _alarm_after_ns)."},
+    {"alarm_set", alarm_set, METH_VARARGS,
+     "alarm_set(fd, at_ns): the alarm fires once at perf_counter ns at_ns."},
+#endif
     {"cuda_elapsed", cuda_elapsed, METH_VARARGS,
      "cuda_elapsed(base, events, query_last): milliseconds from event handle base to each of "
      "events (a tuple of handles), or None while one is not complete."},

@@ -96,6 +96,9 @@ ATTR_GAP_DURATION = "training.gap.duration_s"
 #: samples of the training thread's stack taken in it, and the share at the location named
 ATTR_GAP_SAMPLES = "training.gap.samples"
 ATTR_GAP_LOCATION_SHARE = "training.gap.location_share"
+#: a stretch with no sample of its own named by the same segment's recurring stretch: the
+#: step whose samples gave the code.* attributes (absent where its own samples did)
+ATTR_GAP_LOCATION_STEP = "training.gap.location_step"
 #: on a training.gap event of a GPU run: the seconds of it the host was blocked on the
 #: device (the GPU still ran work issued before the stretch); the rest the host was busy
 ATTR_GAP_DEVICE_WAIT = "training.gap.device_wait_s"

@@ -63,6 +63,8 @@ _TOKEN_DTYPES = frozenset(d for d in vars(torch).values() if isinstance(d, torch
 
 _now = time.perf_counter_ns
 _get_ident = threading.get_ident
+#: Python 3.13's timerfd calls: the Python core's alarm (the C core has its own on Linux)
+_timerfd_settime = getattr(os, "timerfd_settime_ns", None)
 _live_trackers: weakref.WeakSet[StepTracker] = weakref.WeakSet()
 
 
@@ -88,7 +90,7 @@ class _PyTrackerCore:
                  "tokens", "phase_micro", "_depth", "phase_start_ns", "idle_since_ns",
                  "_span_id", "_capacity", "step_start_ns", "pending_end_ns", "phase",
                  "data_iter", "phase_hooks", "step_hooks", "end_hooks", "_queue", "_recorder",
-                 "fixed_samples", "fixed_tokens")
+                 "fixed_samples", "fixed_tokens", "_alarm_fd", "_alarm_after_ns")
 
     # --- phases ----------------------------------------------------------------------
     def begin(self, phase: str) -> bool:
@@ -169,6 +171,8 @@ class _PyTrackerCore:
         self.step_start_ns = end
         self.pending_end_ns = None
         self.forwards = self.samples = self.tokens = 0
+        if self._alarm_fd >= 0 and self._alarm_after_ns > 0 and end is not None:
+            _arm_alarm(self._alarm_fd, end + self._alarm_after_ns)
 
 
 class StepTracker:
@@ -215,6 +219,10 @@ class StepTracker:
         #: worker it waits for)
         self.data_iter: Any = None
         self._depth = 0  # phases begun inside an open phase (an LBFGS closure, say)
+        #: the gap sampler's overrun alarm (open_alarm): a timer moved at each step's start
+        #: to ``_alarm_after_ns`` later; -1 / 0 where there is none
+        self._alarm_fd = -1
+        self._alarm_after_ns = 0
         # a generator of our own: never touch the user's global RNG state
         self._getrandbits = random.Random().getrandbits
         self._ids_cache: tuple[int, int, int] = (-1, 0, 0)
@@ -387,6 +395,43 @@ if _fastpath is not None:
         __slots__ = _OWN_SLOTS
 else:
     CStepTracker = None  # type: ignore[assignment,misc]
+
+
+def _arm_alarm(fd: int, at_ns: int) -> None:
+    """The Python core's alarm: fire once at perf_counter ns ``at_ns`` (errors ignored: a
+    missed alarm costs a sample, never the step)."""
+    try:
+        _timerfd_settime(fd, flags=os.TFD_TIMER_ABSTIME, initial=max(at_ns, 1))  # type: ignore[misc]
+    except (OSError, TypeError):
+        pass
+
+
+def open_alarm(tracker: StepTracker) -> int | None:
+    """A one-shot timer (a file descriptor that turns readable when it fires, on
+    perf_counter's clock) that ``tracker`` moves at each step's start once its
+    ``_alarm_fd``/``_alarm_after_ns`` are set: the gap sampler's wake-up for a step that runs
+    past its typical length. None where this tracker cannot move one (not Linux; the Python
+    core before Python 3.13). The caller closes it."""
+    try:
+        if isinstance(tracker, _PyTrackerCore):
+            if _timerfd_settime is None:
+                return None
+            return os.timerfd_create(time.CLOCK_MONOTONIC,  # type: ignore[attr-defined]
+                                     flags=os.TFD_NONBLOCK | os.TFD_CLOEXEC)  # type: ignore[attr-defined]
+        opener = getattr(_fastpath, "alarm_open", None)
+        return opener() if opener is not None else None
+    except OSError:
+        return None
+
+
+def set_alarm(fd: int, at_ns: int) -> None:
+    """Make an :func:`open_alarm` timer fire once at perf_counter ns ``at_ns`` (OSError on
+    a closed one)."""
+    setter = getattr(_fastpath, "alarm_set", None)
+    if setter is not None:
+        setter(fd, at_ns)
+    else:
+        _timerfd_settime(fd, flags=os.TFD_TIMER_ABSTIME, initial=max(at_ns, 1))  # type: ignore[misc]
 
 
 def tracker_class(fastpath: bool = True) -> type[StepTracker]:

@@ -81,6 +81,8 @@ class Gap:
     #: when it began (epoch ns), and the seconds of it the host was blocked on the device
     start_ns: int = 0
     device_wait_s: float = 0.0
+    #: the step whose samples named it, where it had none of its own (a recurring stretch)
+    location_step: int | None = None
 
     @property
     def host_s(self) -> float:
@@ -96,7 +98,10 @@ class Gap:
         head, sep, tail = name.rpartition(".<locals>.")
         if sep and tail.startswith("<"):  # a generator expression or lambda: its function
             name = head
-        return f"{name}() at {Path(self.file or '?').name}:{self.line}"
+        where = f"{name}() at {Path(self.file or '?').name}:{self.line}"
+        if self.location_step is not None:
+            where += f" (as sampled in step {self.location_step})"
+        return where
 
     @classmethod
     def of_event(cls, event: dict[str, Any]) -> Gap | None:
@@ -106,13 +111,15 @@ class Gap:
         attrs = decode_attributes(event.get("attributes"))
         line = attrs.get(sc.ATTR_CODE_LINE)
         worker = attrs.get(sc.ATTR_DATA_WORKER)
+        carried = attrs.get(sc.ATTR_GAP_LOCATION_STEP)
         return cls(name, str(attrs.get(sc.ATTR_GAP_SEGMENT, sc.PHASE_DATA_WAIT)),
                    float(attrs.get(sc.ATTR_GAP_DURATION, 0.0)),
                    int(attrs.get(sc.ATTR_GAP_SAMPLES, 0)), attrs.get(sc.ATTR_CODE_FUNCTION),
                    attrs.get(sc.ATTR_CODE_FILE), int(line) if line is not None else None,
                    int(worker) if worker is not None else None,
                    int(event.get("timeUnixNano", 0)),
-                   float(attrs.get(sc.ATTR_GAP_DEVICE_WAIT, 0.0)))
+                   float(attrs.get(sc.ATTR_GAP_DEVICE_WAIT, 0.0)),
+                   int(carried) if carried is not None else None)
 
 
 @dataclass

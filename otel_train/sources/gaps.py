@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import os
+import select
 import sys
 import sysconfig
 import threading
@@ -43,6 +44,7 @@ from typing import Any
 
 from otel_train import internal_errors, semconv, torch_compat
 from otel_train.sources.gpu.device import training_device
+from otel_train.tracker import open_alarm, set_alarm
 
 #: a stretch outside every phase, or a data wait, at least this long becomes an event
 MIN_GAP_S = 0.01
@@ -72,6 +74,17 @@ FAST_FACTOR = 4
 #: aimed at in the steps after it, until AIM_MISSES emitted steps in a row have none
 AIM_MIN_S = 0.01
 AIM_MISSES = 3
+#: where the tracker can move the overrun alarm (a timer OVERRUN typical lengths into each
+#: step, open_alarm), overruns wake the sampler: its own looks then come at most once every
+#: ALARM_FLOOR_S, aimed ones too once AIM_SETTLED aimed looks in a row sampled the same line
+ALARM_FLOOR_S = 1.0
+AIM_SETTLED = 3
+#: a stretch (or data wait) with no sample of its own is given the location last sampled in
+#: one of the same segment at most CARRY_S before, within CARRY_RATIO of its length, and the
+#: step that was sampled in (``training.gap.location_step``)
+CARRY_S = 10.0
+CARRY_RATIO = 2.0
+_CARRY_NS = int(CARRY_S * 1e9)
 DATA_WAIT = semconv.PHASE_DATA_WAIT
 #: a phase's host end and the stretch after it are one instant; their clocks' readings may
 #: differ by this much
@@ -204,19 +217,42 @@ class GapSource:
         self.aim: int | None = None
         self._aim_misses = 0
         self._aimed = False  # the next look is an aimed one
-        #: wake-ups, and of them the looks that sampled a stretch, and that found a step past
-        #: its typical length (read by the benchmarks)
-        self.wakeups = self.stretch_looks = self.overrun_looks = 0
+        #: the innermost user frame of the last sample, and of the aimed looks' samples:
+        #: which, and how many in a row (settled at AIM_SETTLED)
+        self._last_top: Frame | None = None
+        self._aim_top: Frame | None = None
+        self._aim_same = 0
+        #: the overrun alarm (a file descriptor; None where the tracker cannot move one),
+        #: and the ``_alarm_after_ns`` last given to the tracker
+        self._alarm: int | None = None
+        self._alarm_after = 0
+        #: by segment (or DATA_WAIT): the last stretch located by its own samples, as
+        #: (step, its end in perf ns, its length in ns, its code.* attributes)
+        self._located: dict[str, tuple[int, int, int, dict[str, Any]]] = {}
+        #: wake-ups, and of them those the alarm made, the looks that sampled a stretch, and
+        #: those that found a step past its typical length (read by the benchmarks)
+        self.wakeups = self.alarms = self.stretch_looks = self.overrun_looks = 0
         ctx.emitter.before_step(self._on_step)
         ctx.emitter.on_tick(self._add_untimed)
         if self.interval_s > 0:
+            self._alarm = open_alarm(self.tracker)
+            if self._alarm is not None:
+                self.tracker._alarm_fd = self._alarm
             self._thread = threading.Thread(target=self._sample_loop, daemon=True,
                                             name="otel-train-gap-sampler")
             self._thread.start()
 
     def stop(self) -> None:
-        # not joined: it notices when it next wakes and ends (a daemon, it holds nothing)
+        # not joined: it notices when it next wakes and ends (a daemon, it holds nothing);
+        # the alarm wakes it now, and it closes the alarm on its way out
         self._stop.set()
+        alarm = self._alarm
+        if alarm is not None:
+            self.tracker._alarm_fd, self.tracker._alarm_after_ns = -1, 0
+            try:
+                set_alarm(alarm, 1)
+            except OSError:  # closed already
+                pass
 
     # --- the sampler thread ----------------------------------------------------------
     def _sample_loop(self) -> None:
@@ -228,17 +264,46 @@ class GapSource:
         costs several times what it costs warm, so one clock reading and one typical
         length serve the whole look."""
         wait = self.interval_s / FAST_FACTOR
-        while not self._stop.is_set():
-            time.sleep(wait)  # cheaper to wake from than Event.wait
-            self.wakeups += 1
-            try:
-                now = _now()
-                self._observe_steps()
-                typical = self.typical_ns()
-                wait = self._next_look(self._look(now, typical), now, typical)
-            except Exception as err:  # never let a sampling bug end the thread quietly
-                internal_errors.count("gaps", err)
-                wait = self.interval_s
+        alarm = self._alarm
+        poll = None
+        if alarm is not None:
+            poller = select.poll()
+            poller.register(alarm, select.POLLIN)
+            poll = poller.poll
+        try:
+            while not self._stop.is_set():
+                if poll is None:
+                    time.sleep(wait)  # cheaper to wake from than Event.wait
+                elif poll(wait * 1e3):  # the alarm rang: a step is past its typical length
+                    self._clear_alarm()
+                self.wakeups += 1
+                try:
+                    now = _now()
+                    self._observe_steps()
+                    typical = self.typical_ns()
+                    if alarm is not None:
+                        self._move_alarm(typical)
+                    wait = self._next_look(self._look(now, typical), now, typical)
+                except Exception as err:  # never let a sampling bug end the thread quietly
+                    internal_errors.count("gaps", err)
+                    wait = self.interval_s
+        finally:
+            if alarm is not None:
+                os.close(alarm)
+
+    def _clear_alarm(self) -> None:
+        try:
+            os.read(self._alarm, 8)  # type: ignore[arg-type]
+            self.alarms += 1
+        except BlockingIOError:  # read meanwhile (a spurious wake-up)
+            pass
+
+    def _move_alarm(self, typical: int | None) -> None:
+        """Where the tracker sets the alarm at each step's start: OVERRUN typical lengths in
+        (not at all while the typical length is not known)."""
+        after = int(OVERRUN * typical) if typical is not None else 0
+        if after != self._alarm_after:
+            self._alarm_after = self.tracker._alarm_after_ns = after
 
     def typical_ns(self) -> int | None:
         """The typical step length (ns): the median of the recent emitted steps (MIN_STEPS of
@@ -301,6 +366,8 @@ class GapSource:
         if it had found nothing (:meth:`_scheduled`), and chases the stretch from there if
         it still lasts. ``now`` and ``typical``: the look's."""
         aimed, self._aimed = self._aimed, False
+        if aimed:
+            self._settle(found)
         if found is not None:
             if found != self._chasing:
                 self._chasing, self._chase = found, 0
@@ -312,6 +379,17 @@ class GapSource:
             return min(SAMPLE_AGE_S * BACKOFF ** (self._chase - 1), CHASE_MAX_S, lasted)
         self._chasing, self._chase = None, 0
         return self._scheduled(now, typical)
+
+    def _settle(self, found: tuple[int, int | None] | None) -> None:
+        """Count the aimed looks in a row that sampled the recurring stretch at one line (a
+        look that found no stretch, landed beside it, counts neither way)."""
+        if found is None or found[1] is None:
+            return
+        top = self._last_top
+        if top is not None and top == self._aim_top:
+            self._aim_same += 1
+        else:
+            self._aim_top, self._aim_same = top, int(top is not None)
 
     def _scheduled(self, now: int, typical: int | None) -> float:
         """Seconds to the next look when nothing is chased: the first point ``OVERRUN``
@@ -327,12 +405,17 @@ class GapSource:
         if typical is None or start is None:
             return floor
         aim = self.aim
+        alarmed = self._alarm is not None  # the alarm watches for overruns
         if aim is None:
             offset = int(OVERRUN * typical)
+            if alarmed:
+                floor = max(floor, ALARM_FLOOR_S)
         else:
             overrun_at = start + int(OVERRUN * typical)
-            if now - start > typical and overrun_at > now:
+            if not alarmed and now - start > typical and overrun_at > now:
                 return (overrun_at - now) / 1e9  # a late step: is it overrunning?
+            if alarmed and self._aim_same >= AIM_SETTLED:
+                floor = max(floor, ALARM_FLOOR_S)  # its line is known: a look a second
             offset = aim
             self._aimed = True
         earliest = now + int(floor * 1e9)
@@ -367,6 +450,7 @@ class GapSource:
             return None
         stack = user_frames(frame, self._kinds)
         del frame
+        self._last_top = stack[0] if stack else None
         worker = torch_compat.waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
         self.samples.append((now, stack, worker))
         return since
@@ -393,6 +477,7 @@ class GapSource:
             if waited is not None and self._on_device:
                 attrs[semconv.ATTR_GAP_DEVICE_WAIT] = waited / 1e9
             _where(attrs, [s for s in samples if g_start <= s[0] <= g_end] if samples else [])
+            self._carry(attrs[semconv.ATTR_GAP_SEGMENT], attrs, info.step, g_start, g_end)
             events.append((semconv.EVENT_GAP, g_start + offset, attrs))
         for w_start, w_end in sorted(waits, key=lambda w: w[0] - w[1])[:MAX_EVENTS]:
             attrs = {semconv.ATTR_GAP_DURATION: (w_end - w_start) / 1e9}
@@ -401,7 +486,27 @@ class GapSource:
             if workers:
                 attrs[semconv.ATTR_DATA_WORKER] = workers.most_common(1)[0][0]
             _where(attrs, inside)
+            self._carry(DATA_WAIT, attrs, info.step, w_start, w_end)
             events.append((semconv.EVENT_DATA_WAIT, w_start + offset, attrs))
+
+    def _carry(self, key: str, attrs: dict[str, Any], step: int, start: int, end: int) -> None:
+        """A stretch located by its own samples is remembered by its segment (``key``); one
+        with no sample of its own takes the location last remembered for its segment, if
+        that stretch ended at most CARRY_S before and its length is within CARRY_RATIO of
+        this one's, with the step it was sampled in: a recurring stretch, sampled once
+        every few steps, is named in all of them, and says where the name comes from."""
+        length = end - start
+        if semconv.ATTR_CODE_FUNCTION in attrs:
+            self._located[key] = (step, end, length, {k: attrs[k] for k in _CODE_ATTRS})
+            return
+        known = self._located.get(key)
+        if known is None or attrs[semconv.ATTR_GAP_SAMPLES]:  # sampled: its own answer
+            return
+        sampled_step, sampled_end, sampled_length, code = known
+        if (end - sampled_end <= _CARRY_NS and length <= CARRY_RATIO * sampled_length
+                and sampled_length <= CARRY_RATIO * length):
+            attrs.update(code)
+            attrs[semconv.ATTR_GAP_LOCATION_STEP] = sampled_step
 
     def _aim_at(self, gaps: list[tuple[str | None, str | None, int, int]],
                 waits: list[tuple[int, int]], start: int) -> None:
@@ -539,6 +644,9 @@ def _where(attrs: dict[str, Any], samples: list[tuple[int, tuple[Frame, ...], in
     attrs[semconv.ATTR_CODE_STACKTRACE] = _stacktrace(stack)
     attrs[semconv.ATTR_GAP_LOCATION_SHARE] = count / len(samples)
 
+
+_CODE_ATTRS = (semconv.ATTR_CODE_FUNCTION, semconv.ATTR_CODE_FILE, semconv.ATTR_CODE_LINE,
+               semconv.ATTR_CODE_STACKTRACE)
 
 #: stack traces as text by stack, made once: a recurring stretch is sampled at the same
 #: stack step after step (at most _MAX_TRACES kept: a run of ever new stacks starts again)

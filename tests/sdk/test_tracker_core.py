@@ -409,3 +409,42 @@ def test_the_c_data_wait_records_and_counts_as_the_python_one(name, restrict) ->
 
     assert not isinstance(dataloader._BaseDataLoaderIter.__dict__["__next__"],
                           tracker._fastpath.NextTimed)  # removed
+
+
+@pytest.mark.parametrize("core", ["c", "python"])
+def test_each_step_start_moves_the_overrun_alarm_on(core: str) -> None:
+    """The gap sampler's alarm (tracker.open_alarm): at each step's start the core moves a
+    one-shot timer to ``_alarm_after_ns`` later. While steps keep coming it never rings;
+    after the last step's start it rings once that long after it, not before."""
+    import os
+    import select
+
+    if core == "c" and tracker.CStepTracker is None:
+        if binaries_required():
+            pytest.fail("the C tracker is not built")
+        pytest.skip("the C tracker is not built here")
+    cls = tracker.CStepTracker if core == "c" else tracker.PyStepTracker
+    t = cls(Recorder(1 << 16), "run", 0)
+    fd = tracker.open_alarm(t)
+    if fd is None:
+        assert core == "python" and not hasattr(os, "timerfd_create"), "no alarm opened"
+        pytest.skip("the Python core moves the alarm from Python 3.13 on (os.timerfd_*)")
+    after = 300_000_000
+    t._alarm_fd, t._alarm_after_ns = fd, after
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        for _ in range(40):  # ~10 ms steps for ~0.4 s, longer than the alarm's 0.3 s
+            assert t.begin(FORWARD)
+            t.end(FORWARD)
+            assert t.begin(OPTIMIZER)
+            time.sleep(0.01)  # the step's work
+            t.end(OPTIMIZER)
+            assert not poller.poll(0), "the alarm rang while steps kept coming"
+        assert t.begin(FORWARD)  # finishes the step: the next one starts at its end
+        start = t.step_start_ns
+        assert poller.poll(5000), "the alarm did not ring after the last step's start"
+        assert time.perf_counter_ns() >= start + after
+        assert len(os.read(fd, 8)) == 8
+    finally:
+        os.close(fd)
