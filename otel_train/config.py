@@ -66,16 +66,18 @@ class Config:
     #: so fewer are cheaper; two seconds keep telemetry at most two seconds behind, well
     #: inside the span batches' 5 s and the metric exports' 60 s
     emit_interval_s: float = 2.0
-    #: the longest the gap sampler sleeps while steps keep their typical length (a quarter
-    #: of it until that length is known and for a while after a slow stretch): it lands
-    #: where a step would have run past its typical length, and samples the training
+    #: the gap sampler's interval (a quarter of it until the typical step length is
+    #: known): it looks where a step has run past its typical length, and samples the training
     #: thread's stack while it is outside every phase (or in a data wait) there: where
-    #: untimed time went (sources/gaps.py). A step that overruns by longer than this is
-    #: always found: 200 ms, so that a host stretch a fifth of a second long on steps of
-    #: any length is named down to its line (tests/gpu/test_nccl_attribution.py holds it on
-    #: short NCCL steps). Each wake-up has a fixed cost (docs/overhead.md): five a second at
-    #: most, about once a step where steps are longer, none while training is paused. 0
-    #: turns sampling off; the gaps are still named
+    #: untimed time went (sources/gaps.py). Where the tracker moves the overrun alarm (the C
+    #: tracker on Linux) every step that runs past that point wakes the sampler, which then
+    #: looks on its own once a second, and this is how often it aims at a stretch that
+    #: comes back every step until it has the stretch's line. Elsewhere a step that
+    #: overruns by longer than this is always found: 200 ms, so that a host stretch a fifth
+    #: of a second long on steps of any length is named down to its line
+    #: (tests/gpu/test_nccl_attribution.py holds it on short NCCL steps). Each wake-up has a
+    #: fixed cost (docs/overhead.md): five a second at most, none while training is
+    #: paused. 0 turns sampling off; the gaps are still named
     gap_sample_s: float = 0.2
     #: upper bound on the time leaving ``instrument()`` may take to flush telemetry
     shutdown_timeout_s: float = 10.0

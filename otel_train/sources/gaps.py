@@ -9,10 +9,15 @@ seconds, and where the training thread was), and so does each data wait of that 
 thread, the DataLoader worker waited for when it does not).
 
 Where the thread was comes from a sampler thread in the spirit of py-spy and the continuous
-profilers, within the project's cost budget. It sleeps until a step could have run past its
-typical length: ``OVERRUN`` times the recent steps' median into a step, on the first step
-that point falls in ``gap_sample_s`` (200 ms) or more from now, the steps assumed to follow at
-their typical length. There it reads a few attributes of the step tracker, and only when
+profilers, within the project's cost budget. It sleeps until a step runs past its typical
+length: where the tracker can (the C tracker on Linux, the Python one from Python 3.13), the
+training thread moves a one-shot timer (the overrun alarm, ``tracker.open_alarm``) to
+``OVERRUN`` times the recent steps' median into each step as the step starts, one
+``timerfd_settime`` a step, and the sampler sleeps on it: while steps keep their length it
+wakes only for its own looks, once every ``ALARM_FLOOR_S`` (1 s). Elsewhere it wakes where a
+step could have run past that point, on the first step that point falls in ``gap_sample_s``
+(200 ms) or more from now, the steps assumed to follow at their typical length. There it
+reads a few attributes of the step tracker, and only when
 the training thread has been outside every phase (or in one data wait) for ``SAMPLE_AGE_S``
 does it read the thread's stack (``sys._current_frames``), keeping the innermost frames of
 user code: no library frame, none of otel-train's hooks. While the stretch, or the step's
@@ -21,8 +26,11 @@ stretch that comes back step after step (a ``.item()``, a host copy, a wait on a
 emitted steps show where in the step it lies) is aimed at instead: the look lands in the
 middle of where it can be sampled, on the first step ``gap_sample_s`` or more from now, once
 (another sample of it waits for that step), so a recurring stretch costs one wake-up a
-``gap_sample_s`` at most, and is sampled alike wherever in the step it lies. Until the
-typical length is known it lands four times as often. Nothing runs on the training thread
+``gap_sample_s`` at most, and is sampled alike wherever in the step it lies; with the alarm,
+once ``AIM_SETTLED`` aimed looks in a row sampled it at one line, one every ``ALARM_FLOOR_S``.
+A stretch left with no sample of its own is named by the last one of its segment that was
+sampled (``CARRY_S``, ``training.gap.location_step``). Until the typical length is known it
+lands four times as often. Nothing runs on the training thread
 beyond one attribute store per phase end. The samples are matched to the stretches when
 the step is emitted, on the emitter thread, and leave as span events with OpenTelemetry's ``code.*`` attributes: events
 because the pinned collector's OTLP receiver and the Jaeger/Tempo backends keep span events
