@@ -267,6 +267,7 @@ class GapSource:
         """Sleep until the next look (:meth:`_next_look`), look, again. Each wake-up costs
         what it costs whatever it finds (~0.1 ms of thread CPU on a busy 2-CPU VM,
         docs/overhead.md): a run whose steps keep their typical length wakes it once a
+        second where the overrun alarm rings for a late step, else once a
         ``gap_sample_s``; a step past its length, or a stretch, gets several samples. A look
         runs on a cold core, a few times a second: each call and each attribute it touches
         costs several times what it costs warm, so one clock reading and one typical
@@ -282,14 +283,14 @@ class GapSource:
             while not self._stop.is_set():
                 if poll is None:
                     time.sleep(wait)  # cheaper to wake from than Event.wait
-                elif poll(wait * 1e3):  # the alarm rang: a step is past its typical length
-                    self._clear_alarm()
+                elif poll(max(wait, 1e-3) * 1e3) and not self._clear_alarm():
+                    poll = None  # the alarm broke: the schedule without it from here
                 self.wakeups += 1
                 try:
                     now = _now()
                     self._observe_steps()
                     typical = self.typical_ns()
-                    if alarm is not None:
+                    if poll is not None:
                         self._move_alarm(typical)
                     wait = self._next_look(self._look(now, typical), now, typical)
                 except Exception as err:  # never let a sampling bug end the thread quietly
@@ -297,14 +298,27 @@ class GapSource:
                     wait = self.interval_s
         finally:
             if alarm is not None:
-                os.close(alarm)
+                self._alarm = None
+                try:
+                    os.close(alarm)
+                except OSError:  # closed under it: nothing left to release
+                    pass
 
-    def _clear_alarm(self) -> None:
+    def _clear_alarm(self) -> bool:
+        """The alarm rang (a step ran past its typical length): read it, so that it can ring
+        again. False where it broke (then the sampler goes on without it)."""
         try:
-            os.read(self._alarm, 8)  # type: ignore[arg-type]
+            if len(os.read(self._alarm, 8)) != 8:  # type: ignore[arg-type]
+                raise OSError("the overrun alarm's descriptor is no longer a timer")
             self.alarms += 1
         except BlockingIOError:  # read meanwhile (a spurious wake-up)
             pass
+        except OSError as err:  # closed or replaced under it (a poll would return at once)
+            internal_errors.count("gaps", err)
+            self.tracker._alarm_fd, self.tracker._alarm_after_ns = -1, 0
+            self._alarm = None
+            return False
+        return True
 
     def _move_alarm(self, typical: int | None) -> None:
         """Where the tracker sets the alarm at each step's start: OVERRUN typical lengths in

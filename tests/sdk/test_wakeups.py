@@ -391,3 +391,44 @@ def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_
             carried += 1
             assert first - 40 <= gap[semconv.ATTR_GAP_LOCATION_STEP] < number, gap
     assert own >= 2 and carried >= own, (own, carried)
+
+
+def test_an_alarm_descriptor_replaced_under_the_sampler_is_dropped_not_spun_on(tmp_path):
+    """The alarm's file descriptor closed and reused under the sampler (code that closes
+    descriptors it does not own): a poll on it would return at once, forever. The sampler
+    notices (a read that is not a timer's), counts it, and goes on without the alarm at
+    the 200 ms schedule: no busy loop, training untouched."""
+    import os
+
+    from otel_train import internal_errors
+
+    model, opt = _model()
+    x = torch.randn(2, 4)
+
+    def step() -> None:
+        with torch.no_grad():
+            model(x)
+        time.sleep(0.012)
+        _step(model, opt, x)
+
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="stolen") as inst:
+        gaps = _gap_source(inst)
+        _alarm_expected(gaps)
+        deadline = time.monotonic() + 30
+        while gaps._alarm_after == 0:
+            step()
+            assert time.monotonic() < deadline
+        errors = internal_errors.snapshot().get("gaps", 0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, gaps._alarm)  # always readable, reads b"": no timer
+        os.close(null)
+        while gaps._alarm is not None:
+            step()
+            assert time.monotonic() < deadline + 10
+        start, woke = time.monotonic(), gaps.wakeups
+        while time.monotonic() - start < 2.0:
+            step()
+        rate = (gaps.wakeups - woke) / (time.monotonic() - start)
+        assert inst.tracker._alarm_fd == -1
+        assert internal_errors.snapshot().get("gaps", 0) == errors + 1
+    assert rate <= 1 / inst.config.gap_sample_s + 1.0, rate
