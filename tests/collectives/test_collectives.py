@@ -390,6 +390,54 @@ def test_wrappers_are_restored_and_a_failing_recorder_never_fails_the_collective
     assert source.capture.errors > 0
 
 
+@pytest.mark.parametrize("covered", [False, True])
+def test_a_backend_recorded_elsewhere_costs_no_record_and_no_hook(single_rank_group, covered):
+    """Where NCCL's profiler plugin or flight recorder records a backend's collectives
+    (``skip_backends``), the training thread pays nothing more for them: the wrappers call
+    the original at once and put no record, no process-group hook is registered on a group
+    that backend serves alone, and a DDP module keeps its own C++ all-reduce instead of a
+    Python comm hook. (Here gloo stands in as the covered backend; uncovered, the same
+    calls record and hook.)"""
+    from otel_train import torch_compat
+    from otel_train.sources.collectives import capture as capture_mod
+
+    put: list[tuple] = []
+
+    class Tracker:
+        step, pending_end_ns = 0, None
+
+    cap = capture_mod.Capture(put.append, Tracker())
+    if covered:
+        cap.skip_backends.add("gloo")
+    try:
+        cap.wrap_functions()
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        dist.all_reduce(t, async_op=True).wait()
+        dist.all_gather_into_tensor(torch.empty(3), torch.ones(3))
+        dist.barrier()
+        ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
+        hooked_ddp = cap.hook_ddp(ddp, structlog_stub())
+        hooked_groups = cap.hook_groups() if capture_mod.pg_hooks_available() else None
+    finally:
+        cap.remove()
+    issued = [r for r in put if r[2][0] == capture_mod.ISSUE]
+    if covered:
+        assert issued == [] and put == [], put
+        assert hooked_ddp == 0 and not torch_compat.ddp_comm_hook_registered(ddp)
+        assert hooked_groups in (None, 0)
+    else:
+        assert len(issued) == 4, issued
+        assert hooked_ddp == 1 and torch_compat.ddp_comm_hook_registered(ddp)
+        assert hooked_groups in (None, 1)
+
+
+def structlog_stub():  # noqa: ANN201
+    import structlog
+
+    return structlog.get_logger("test")
+
+
 def test_bus_bandwidth_follows_nccl_tests():
     gb, second = 10**9, 1.0
     assert collectives_math.bus_bandwidth_gbps("all_reduce", gb, second, 4) == pytest.approx(1.5)

@@ -35,6 +35,8 @@ from otel_train import internal_errors, torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.recorder import EVENT
 
+_Tensor = torch.Tensor
+
 #: the record name of every collective record: (EVENT, RECORD, payload)
 RECORD = "otel_train.collective"
 ISSUE, DONE, WORK, FLUSH = "issue", "done", "work", "flush"
@@ -107,6 +109,14 @@ def _nbytes(value: Any) -> tuple[int, str, tuple[int, ...]]:
     return 0, "", ()
 
 
+class _Busy(threading.local):
+    """Per thread: inside a wrapped call (a collective it makes inside is not recorded
+    again). A class default, not ``getattr(local, "busy", False)``: a thread-local's missing
+    attribute costs an AttributeError raised and caught, ~0.8 us a collective."""
+
+    busy = False
+
+
 class Capture:
     """Puts collective records on the recorder; installs and removes the ways in."""
 
@@ -114,7 +124,7 @@ class Capture:
         self._put = put
         self._tracker = tracker
         self._keys = itertools.count(1)
-        self._local = threading.local()
+        self._local = _Busy()
         self._groups: dict[tuple[int, str], tuple[str, int, str]] = {}
         self._seq: dict[str, int] = {}
         self._hook_keys: dict[tuple[int, int], int] = {}
@@ -129,6 +139,8 @@ class Capture:
         self._future_done = _outside_dynamo(future_done)
         #: group names whose records come from elsewhere (the NCCL flight recorder)
         self.skip_backends: set[str] = set()
+        #: id(group) -> whether its CUDA collectives' records come from elsewhere
+        self._cuda_covered: dict[int, bool] = {}
 
     @property
     def errors(self) -> int:
@@ -150,6 +162,39 @@ class Capture:
             info = (str(getattr(group, "group_name", "") or ""), group.size(), backend)
             self._groups[key] = info
         return info
+
+    def covered(self, group: Any, sized: Any) -> bool:
+        """Whether a collective's records come from elsewhere: its backend for its tensors'
+        device is in ``skip_backends`` (NCCL, whose profiler plugin or flight recorder sees
+        every NCCL collective); the wrappers then call the original at once."""
+        if not self.skip_backends:
+            return False
+        first = sized if isinstance(sized, torch.Tensor) else (
+            sized[0] if isinstance(sized, (list, tuple)) and sized else None)
+        if isinstance(first, torch.Tensor) and first.is_cuda:
+            return self.cuda_covered(group)
+        device = first.device.type if isinstance(first, torch.Tensor) else "cpu"
+        return self._group(group, device)[2] in self.skip_backends
+
+    def cuda_covered(self, group: Any) -> bool:
+        """:meth:`covered` for CUDA tensors, cached by group: the training thread pays it at
+        every collective (the full look-up, the device's type and the group's backend in
+        Python, cost the wrapper ~1.5 us a call on this VM's warm core, several times that
+        on a GPU host's cold one)."""
+        gid = id(group)
+        hit = self._cuda_covered.get(gid)
+        if hit is None:
+            hit = self._cuda_covered[gid] = self._group(group, "cuda")[2] in self.skip_backends
+        return hit
+
+    def covers_group(self, group: Any) -> bool:
+        """Whether every backend of a process group is in ``skip_backends`` (a pure NCCL
+        group under the plugin): its hooks would only cost."""
+        if not self.skip_backends:
+            return False
+        backend = str(dist.get_backend(group))
+        names = [p.split(":", 1)[-1] for p in backend.split(",")]
+        return all(name in self.skip_backends for name in names)
 
     def _issue(self, op: str, api: str, group: Any, sized: Any, async_op: bool,
                source: str) -> int:
@@ -210,6 +255,8 @@ class Capture:
         always_async = api in _ALWAYS_ASYNC
         local = self._local
         capture = self
+        skip = self.skip_backends  # the set itself: filled before the first collective
+        cuda_covered = self.cuda_covered
 
         def arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str | None
                 ) -> Any:
@@ -220,16 +267,20 @@ class Capture:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             # Inside a compiled region dynamo folds is_compiling() to True and traces the
             # original, which it maps to a functional collective: the graph is unchanged.
-            if _is_compiling() or not capture.enabled or getattr(local, "busy", False):
+            if _is_compiling() or not capture.enabled or local.busy:
                 return original(*args, **kwargs)
             key = 0
             async_op = always_async
             try:
+                group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
+                sized = (args[size_pos] if 0 <= size_pos < len(args) else
+                         kwargs.get(size_param) if size_param else None)
+                if skip and (cuda_covered(group) if type(sized) is _Tensor and sized.is_cuda
+                             else capture.covered(group, sized)):  # NCCL's plugin records it
+                    return original(*args, **kwargs)
                 if not always_async:
                     async_op = bool(arg(args, kwargs, async_pos, "async_op"))
-                key = capture._issue(op, api, arg(args, kwargs, group_pos, "group"),
-                                     arg(args, kwargs, size_pos, size_param), async_op,
-                                     SOURCE_PYTHON)
+                key = capture._issue(op, api, group, sized, async_op, SOURCE_PYTHON)
             except Exception as err:
                 capture._errors.add(err, "collectives")
             local.busy = True
@@ -265,6 +316,8 @@ class Capture:
         hooked = 0
         for group in torch_compat.process_groups():
             try:
+                if self.covers_group(group):  # NCCL's plugin sees them all: no Python call
+                    continue
                 self._hook_group(group)
             except Exception as err:
                 warnings.warn(f"otel-train: cannot hook process group "
@@ -281,7 +334,7 @@ class Capture:
         gid = id(group)
 
         def pre(a: Any) -> None:
-            if not self.enabled or getattr(local, "busy", False):
+            if not self.enabled or local.busy:
                 return
             try:
                 op, which = HOOK_OPS.get(a.name.name, ("other", "in"))
@@ -333,6 +386,12 @@ class Capture:
             if getattr(module, "_otel_train_hooked", False):
                 hooked += 1
                 continue
+            try:
+                device = str(getattr(module, "device_type", "cuda") or "cuda")
+                if self._group(module.process_group, device)[2] in self.skip_backends:
+                    continue  # NCCL's plugin sees its all-reduces: DDP keeps its C++ one
+            except Exception as err:
+                self._errors.add(err, "collectives")
             try:
                 module.register_comm_hook(module.process_group, otel_train_allreduce_hook)
             except Exception as err:
