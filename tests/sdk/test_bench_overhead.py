@@ -223,6 +223,24 @@ def test_hot_path_benchmark_quick_run_reports_parts_and_judges_itself(tmp_path: 
     assert ("verdict: all targets met" in text) == (proc.returncode == 0)
 
 
+def test_collective_wrapper_benchmark_quick_run_compares_and_judges_itself(
+        tmp_path: Path) -> None:
+    out, before = tmp_path / "wrapper.md", tmp_path / "capture-before.py"
+    before.write_text((REPO / "otel_train" / "sources" / "collectives" / "capture.py")
+                      .read_text())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MASTER_"))}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_collective_wrapper.py"), "--calls", "200",
+         "--repeats", "3", "--before", str(before), "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    text = out.read_text()
+    for case in ("| bare function |", "| covered, default group |", "| covered, group= |",
+                 "| recorded (not covered), for scale |", "| before: covered, group= |"):
+        assert case in text, text
+    assert ("Verdict: PASS" in text) == (proc.returncode == 0)
+
+
 def test_step_pairs_bare_steps_run_none_of_otel_train(tmp_path: Path) -> None:
     """bench_step_pairs.py's switch: in one instrumented run, the bare steps of the pairs
     are not tracked at all (no step, no phase), the instrumented ones are each one step with

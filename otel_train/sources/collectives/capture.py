@@ -139,8 +139,8 @@ class Capture:
         self._future_done = _outside_dynamo(future_done)
         #: group names whose records come from elsewhere (the NCCL flight recorder)
         self.skip_backends: set[str] = set()
-        #: id(group) -> whether its CUDA collectives' records come from elsewhere
-        self._cuda_covered: dict[int, bool] = {}
+        #: (id(group), "cuda" or "cpu") -> whether its collectives' records come from elsewhere
+        self._covered: dict[tuple[int, str], bool] = {}
 
     @property
     def errors(self) -> int:
@@ -164,27 +164,27 @@ class Capture:
         return info
 
     def covered(self, group: Any, sized: Any) -> bool:
-        """Whether a collective's records come from elsewhere: its backend for its tensors'
-        device is in ``skip_backends`` (NCCL, whose profiler plugin or flight recorder sees
-        every NCCL collective); the wrappers then call the original at once."""
-        if not self.skip_backends:
-            return False
-        first = sized if isinstance(sized, torch.Tensor) else (
+        """Whether a collective's records come from elsewhere: its group's backend for its
+        tensors' device is in ``skip_backends`` (NCCL, whose profiler plugin or flight
+        recorder sees every NCCL collective); the wrappers then call the original at once.
+        The training thread pays this at every collective: the answer is cached by group and
+        device (CUDA or CPU, read off the tensor's flags), one dictionary look-up; the full
+        look-up (the device's type, the group's backend) cost the wrapper ~1 us more a call
+        (bench/bench_collective_wrapper.py)."""
+        first = sized if isinstance(sized, _Tensor) else (
             sized[0] if isinstance(sized, (list, tuple)) and sized else None)
-        if isinstance(first, torch.Tensor) and first.is_cuda:
-            return self.cuda_covered(group)
-        device = first.device.type if isinstance(first, torch.Tensor) else "cpu"
-        return self._group(group, device)[2] in self.skip_backends
-
-    def cuda_covered(self, group: Any) -> bool:
-        """:meth:`covered` for CUDA tensors, cached by group: the training thread pays it at
-        every collective (the full look-up, the device's type and the group's backend in
-        Python, cost the wrapper ~1.5 us a call on this VM's warm core, several times that
-        on a GPU host's cold one)."""
-        gid = id(group)
-        hit = self._cuda_covered.get(gid)
+        if not isinstance(first, _Tensor):
+            on = "cpu"  # no tensor (a barrier): the group's CPU backend, as _issue has it
+        elif first.is_cuda:
+            on = "cuda"
+        elif first.is_cpu:
+            on = "cpu"
+        else:  # another device: the full look-up, not cached
+            return self._group(group, first.device.type)[2] in self.skip_backends
+        key = (id(group), on)
+        hit = self._covered.get(key)
         if hit is None:
-            hit = self._cuda_covered[gid] = self._group(group, "cuda")[2] in self.skip_backends
+            hit = self._covered[key] = self._group(group, on)[2] in self.skip_backends
         return hit
 
     def covers_group(self, group: Any) -> bool:
@@ -256,7 +256,6 @@ class Capture:
         local = self._local
         capture = self
         skip = self.skip_backends  # the set itself: filled before the first collective
-        cuda_covered = self.cuda_covered
 
         def arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str | None
                 ) -> Any:
@@ -275,8 +274,7 @@ class Capture:
                 group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
                 sized = (args[size_pos] if 0 <= size_pos < len(args) else
                          kwargs.get(size_param) if size_param else None)
-                if skip and (cuda_covered(group) if type(sized) is _Tensor and sized.is_cuda
-                             else capture.covered(group, sized)):  # NCCL's plugin records it
+                if skip and capture.covered(group, sized):  # NCCL's plugin records it
                     return original(*args, **kwargs)
                 if not always_async:
                     async_op = bool(arg(args, kwargs, async_pos, "async_op"))
