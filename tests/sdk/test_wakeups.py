@@ -328,9 +328,12 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
     assert rate <= 1.5, rate  # about one a second (ALARM_FLOOR_S)
     assert steady_alarms <= 1, steady_alarms
     assert alarms >= 1, alarms
+    # the stretch's own segment: a loaded machine can stall the loop elsewhere as well (a
+    # 0.41 s pause in the 12 ms sleep between the forwards was seen once in CI)
     events = [otlp_files.attrs(e) for s in _rank_steps(tmp_path / "alarm")
               if s["attrs"][semconv.ATTR_STEP] >= slow_step
-              for e in s.get("events", []) if e["name"] == semconv.EVENT_GAP]
+              for e in s.get("events", []) if e["name"] == semconv.EVENT_GAP
+              and otlp_files.attrs(e)[semconv.ATTR_GAP_SEGMENT] == "between forward and backward"]
     gap = max(events, key=lambda e: e[semconv.ATTR_GAP_DURATION])
     assert gap[semconv.ATTR_GAP_DURATION] >= 0.39, gap
     assert gap[semconv.ATTR_GAP_SAMPLES] >= 1, gap
