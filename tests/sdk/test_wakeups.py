@@ -23,6 +23,18 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(params=["alarm", "no_alarm"])
+def alarm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both schedules of the gap sampler: with the overrun alarm (the C tracker) and without
+    it. "no_alarm" stands in for a tracker that cannot move one (the Python tracker before
+    Python 3.13, a platform without timerfd), which this machine cannot be made into."""
+    if request.param == "no_alarm":
+        from otel_train.sources import gaps
+
+        monkeypatch.setattr(gaps, "open_alarm", lambda tracker: None)
+    return request.param
+
+
 def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -112,14 +124,14 @@ def test_the_sleeping_gap_sampler_names_a_slow_stretch_to_its_line(tmp_path):
 
 
 @pytest.mark.parametrize("at", [30, 61, 95])
-def test_a_short_host_stretch_on_short_steps_is_named_to_its_line(tmp_path, at):
+def test_a_short_host_stretch_on_short_steps_is_named_to_its_line(tmp_path, at, alarm):
     """The CPU twin of tests/gpu/test_nccl_attribution.py's CPU straggler: 0.4 s of host work
     between forward and backward in one step of a run of ~13 ms steps. At the default
     gap_sample_s (200 ms) the sampler lands inside it wherever it falls (a 1 s default
     missed it on the H200), and names the function and the file."""
     model, opt = _model()
     x = torch.randn(2, 4)
-    run_id = f"short-{at}"
+    run_id = f"short-{at}-{alarm}"
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id=run_id):
         for step in range(at + 40):
             with torch.no_grad():
@@ -143,7 +155,7 @@ def test_a_short_host_stretch_on_short_steps_is_named_to_its_line(tmp_path, at):
 
 
 @pytest.mark.parametrize("early_s", [0.012, 0.3])
-def test_back_to_back_host_stretches_early_in_a_run_are_each_named(tmp_path, early_s):
+def test_back_to_back_host_stretches_early_in_a_run_are_each_named(tmp_path, early_s, alarm):
     """As on NCCL ranks (tests/gpu/test_nccl_attribution.py's CPU straggler): 0.4 s of host
     work in steps 5, 8 and 11 of a 14-step run, after first steps of ``early_s``. Each
     stretch is sampled: the sampler's backoff follows one stretch, not a run of them, and
@@ -151,7 +163,7 @@ def test_back_to_back_host_stretches_early_in_a_run_are_each_named(tmp_path, ear
     next one."""
     model, opt = _model()
     x = torch.randn(2, 4)
-    run_id = f"early-{early_s}"
+    run_id = f"early-{early_s}-{alarm}"
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id=run_id):
         for step in range(14):
             with torch.no_grad():
@@ -175,7 +187,7 @@ def test_back_to_back_host_stretches_early_in_a_run_are_each_named(tmp_path, ear
 
 
 @pytest.mark.parametrize("before_s", [0.0, 0.03])
-def test_a_stretch_that_comes_back_every_step_is_aimed_at_not_chased(tmp_path, before_s):
+def test_a_stretch_that_comes_back_every_step_is_aimed_at_not_chased(tmp_path, before_s, alarm):
     """A host stretch of 80 ms between forward and backward in every ~100 ms step (a
     ``.item()``, a host copy, a wait on a peer), ``before_s`` of other untimed host time
     before the forward moving where in the step it lies. The sampler aims at it: steady
@@ -184,7 +196,7 @@ def test_a_stretch_that_comes_back_every_step_is_aimed_at_not_chased(tmp_path, b
     sample the stretch, and the stretch is named to its line in many steps."""
     model, opt = _model()
     x = torch.randn(2, 4)
-    run_id = f"recurring-{before_s}"
+    run_id = f"recurring-{before_s}-{alarm}"
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id=run_id) as inst:
         gaps = next(s for s in inst._sources if type(s).__name__ == "GapSource")
 
