@@ -72,7 +72,7 @@ class Config:
     #: untimed time went (sources/gaps.py). Where the tracker moves the overrun alarm (the C
     #: tracker on Linux) every step that runs past that point wakes the sampler, which then
     #: looks on its own once a second, and this is how often it aims at a stretch that
-    #: comes back every step until it has the stretch's line. Elsewhere a step that
+    #: comes back every step until it knows where it is. Elsewhere a step that
     #: overruns by longer than this is always found: 200 ms, so that a host stretch a fifth
     #: of a second long on steps of any length is named down to its line
     #: (tests/gpu/test_nccl_attribution.py holds it on short NCCL steps). Each wake-up has a

@@ -27,7 +27,8 @@ emitted steps show where in the step it lies) is aimed at instead: the look land
 middle of where it can be sampled, on the first step ``gap_sample_s`` or more from now, once
 (another sample of it waits for that step), so a recurring stretch costs one wake-up a
 ``gap_sample_s`` at most, and is sampled alike wherever in the step it lies; with the alarm,
-once ``AIM_SETTLED`` aimed looks in a row sampled it at one line, one every ``ALARM_FLOOR_S``.
+once ``AIM_SETTLED`` aimed looks in a row sampled it in one function, one every
+``ALARM_FLOOR_S``.
 A stretch left with no sample of its own is named by the last one of its segment that was
 sampled (``CARRY_S``, ``training.gap.location_step``). Until the typical length is known it
 lands four times as often. Nothing runs on the training thread
@@ -84,7 +85,7 @@ AIM_MIN_S = 0.01
 AIM_MISSES = 3
 #: where the tracker can move the overrun alarm (a timer OVERRUN typical lengths into each
 #: step, open_alarm), overruns wake the sampler: its own looks then come at most once every
-#: ALARM_FLOOR_S, aimed ones too once AIM_SETTLED aimed looks in a row sampled the same line
+#: ALARM_FLOOR_S, aimed ones too once AIM_SETTLED aimed looks in a row sampled one function
 ALARM_FLOOR_S = 1.0
 AIM_SETTLED = 3
 #: a stretch (or data wait) with no sample of its own is given the location last sampled in
@@ -225,10 +226,10 @@ class GapSource:
         self.aim: int | None = None
         self._aim_misses = 0
         self._aimed = False  # the next look is an aimed one
-        #: the innermost user frame of the last sample, and of the aimed looks' samples:
-        #: which, and how many in a row (settled at AIM_SETTLED)
+        #: the innermost user frame of the last sample, and the (function, file) of the
+        #: aimed looks' samples: which, and how many in a row (settled at AIM_SETTLED)
         self._last_top: Frame | None = None
-        self._aim_top: Frame | None = None
+        self._aim_top: tuple[str, str] | None = None
         self._aim_same = 0
         #: the overrun alarm (a file descriptor; None where the tracker cannot move one),
         #: and the ``_alarm_after_ns`` last given to the tracker
@@ -403,11 +404,12 @@ class GapSource:
         return self._scheduled(now, typical)
 
     def _settle(self, found: tuple[int, int | None] | None) -> None:
-        """Count the aimed looks in a row that sampled the recurring stretch at one line (a
-        look that found no stretch, landed beside it, counts neither way)."""
+        """Count the aimed looks in a row that sampled the recurring stretch in one function
+        (not one line: host work in a loop is sampled at its lines in turn; a look that
+        found no stretch, landed beside it, counts neither way)."""
         if found is None or found[1] is None:
             return
-        top = self._last_top
+        top = self._last_top[:2] if self._last_top is not None else None
         if top is not None and top == self._aim_top:
             self._aim_same += 1
         else:
@@ -437,7 +439,7 @@ class GapSource:
             if not alarmed and now - start > typical and overrun_at > now:
                 return (overrun_at - now) / 1e9  # a late step: is it overrunning?
             if alarmed and self._aim_same >= AIM_SETTLED:
-                floor = max(floor, ALARM_FLOOR_S)  # its line is known: a look a second
+                floor = max(floor, ALARM_FLOOR_S)  # where it is is known: a look a second
             offset = aim
             self._aimed = True
         earliest = now + int(floor * 1e9)

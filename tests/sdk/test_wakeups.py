@@ -361,7 +361,7 @@ def gaps_module():
 def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_every_step(
         tmp_path):
     """An 80 ms host stretch in every ~100 ms step: once three aimed looks in a row sampled
-    it at one line, the sampler looks about once a second (the alarm watches for overruns
+    it in one function, the sampler looks about once a second (the alarm watches for overruns
     meanwhile), and every step's stretch is named to that line: by its own samples, or by
     the last sampled one of its segment, with the step that was sampled in."""
     model, opt = _model()
