@@ -204,7 +204,7 @@ static inline void set_obj(PyObject** slot, PyObject* value) {
 /* The gap sampler's overrun alarm (sources/gaps.py): at each step's start the training thread
  * moves a one-shot timer to where the step would have run past its typical length, so the
  * sampler sleeps while steps keep their length and wakes when one does not (one
- * timerfd_settime a step, ~1 us, instead of the sampler waking to look). Errors are ignored:
+ * timerfd_settime system call a step instead of the sampler waking to look). Errors are ignored:
  * a missed alarm costs a sample, never the step. */
 static int alarm_arm(int fd, long long at_ns) {
 #ifdef __linux__
