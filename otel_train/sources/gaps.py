@@ -257,7 +257,7 @@ class GapSource:
         self._stop.set()
         alarm = self._alarm
         if alarm is not None:
-            self.tracker._alarm_fd, self.tracker._alarm_after_ns = -1, 0
+            self._disarm()
             try:
                 set_alarm(alarm, 1)
             except OSError:  # closed already
@@ -316,10 +316,14 @@ class GapSource:
             pass
         except OSError as err:  # closed or replaced under it (a poll would return at once)
             internal_errors.count("gaps", err)
-            self.tracker._alarm_fd, self.tracker._alarm_after_ns = -1, 0
+            self._disarm()
             self._alarm = None
             return False
         return True
+
+    def _disarm(self) -> None:
+        """The tracker moves the alarm no more."""
+        self.tracker._alarm_fd, self.tracker._alarm_after_ns = -1, 0
 
     def _move_alarm(self, typical: int | None) -> None:
         """Where the tracker sets the alarm at each step's start: OVERRUN typical lengths in

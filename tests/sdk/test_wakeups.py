@@ -13,6 +13,7 @@ from support import otlp_files
 
 import otel_train
 from otel_train import semconv
+from otel_train.sources import gaps as gap_sampler
 
 
 @pytest.fixture(autouse=True)
@@ -29,9 +30,7 @@ def alarm(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> st
     it. "no_alarm" stands in for a tracker that cannot move one (the Python tracker before
     Python 3.13, a platform without timerfd), which this machine cannot be made into."""
     if request.param == "no_alarm":
-        from otel_train.sources import gaps
-
-        monkeypatch.setattr(gaps, "open_alarm", lambda tracker: None)
+        monkeypatch.setattr(gap_sampler, "open_alarm", lambda tracker: None)
     return request.param
 
 
@@ -85,6 +84,22 @@ def slow_stretch(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         sum(i * 0.5 for i in range(200))
+
+
+def _stretched_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                    idle_s: float = 0.0, stretch_s: float = 0.0) -> None:
+    """A step: a forward, ``idle_s`` inside no phase, the loss's forward, ``stretch_s`` of
+    host work between forward and backward, the backward and the optimizer's step."""
+    with torch.no_grad():
+        model(x)
+    if idle_s:
+        time.sleep(idle_s)
+    loss = model(x).sum()
+    if stretch_s:
+        slow_stretch(stretch_s)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
 
 
 def test_the_sleeping_gap_sampler_names_a_slow_stretch_to_its_line(tmp_path):
@@ -306,15 +321,7 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
     x = torch.randn(2, 4)
 
     def step(stretch_s: float = 0.0) -> None:
-        with torch.no_grad():
-            model(x)
-        time.sleep(0.012)  # inside no phase, short: the typical step
-        loss = model(x).sum()
-        if stretch_s:
-            slow_stretch(stretch_s)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        _stretched_step(model, opt, x, idle_s=0.012, stretch_s=stretch_s)  # ~13 ms steps
 
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="alarm") as inst:
         gaps = _gap_source(inst)
@@ -352,12 +359,6 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
     assert str(gap.get(semconv.ATTR_CODE_FUNCTION)).startswith("slow_stretch"), gap
 
 
-def gaps_module():
-    from otel_train.sources import gaps
-
-    return gaps
-
-
 def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_every_step(
         tmp_path):
     """An 80 ms host stretch in every ~100 ms step: once three aimed looks in a row sampled
@@ -368,19 +369,13 @@ def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_
     x = torch.randn(2, 4)
 
     def step() -> None:
-        with torch.no_grad():
-            model(x)
-        loss = model(x).sum()
-        slow_stretch(0.08)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        _stretched_step(model, opt, x, stretch_s=0.08)
 
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="settled") as inst:
         gaps = _gap_source(inst)
         _alarm_expected(gaps)
         deadline = time.monotonic() + 30
-        while gaps._aim_same < gaps_module().AIM_SETTLED:
+        while gaps._aim_same < gap_sampler.AIM_SETTLED:
             step()
             assert time.monotonic() < deadline
         start, woke, first = time.monotonic(), gaps.wakeups, inst.tracker.step
@@ -421,10 +416,7 @@ def test_an_alarm_descriptor_replaced_under_the_sampler_is_dropped_not_spun_on(t
     x = torch.randn(2, 4)
 
     def step() -> None:
-        with torch.no_grad():
-            model(x)
-        time.sleep(0.012)
-        _step(model, opt, x)
+        _stretched_step(model, opt, x, idle_s=0.012)
 
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="stolen") as inst:
         gaps = _gap_source(inst)
