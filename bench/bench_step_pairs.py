@@ -80,12 +80,15 @@ import overhead_stats as stats  # noqa: E402
 
 import otel_train  # noqa: E402
 from otel_train.sources import cgroup  # noqa: E402
+from otel_train.tracker import set_alarm  # noqa: E402
 
 TARGETS = [stats.Target("bound", "<=", 1.005, "step-time ratio with background CPU (bound)"),
            stats.Target("half_width", "<=", 0.005, "95% CI half-width of the pair ratio")]
 #: otel-train's threads in the training process: Python's by name, C ones by the kernel's
 #: (the NCCL plugin's poller, ``otel-nccl-poll``), and the OpenTelemetry SDK's own
 #: (``OtelBatchSpanRecordProcessor``...) where it exports in process
+#: where the overrun alarm waits while the training-thread part is off (Switch.off)
+_ALARM_PARKED_NS = 3600 * 10**9
 THREAD_PREFIXES = ("otel-train", "otel-nccl", "otel_train", "Otel")
 
 
@@ -128,6 +131,18 @@ class Switch:
     def off(self) -> None:
         self.inst._hooks.remove()
         self.tracker.enabled = False
+        # The tracker moves the gap sampler's overrun alarm at each step's start (one
+        # timerfd_settime a step, part of what is switched off). Left where the last
+        # instrumented step put it, it would ring inside the bare step that follows, a step
+        # past its typical length only because the bench stopped moving it: a wake-up a
+        # pair that a run whose every step is recorded never has. It waits here instead,
+        # and the next instrumented step's end sets it again.
+        fd = getattr(self.tracker, "_alarm_fd", -1)
+        if fd >= 0:
+            try:
+                set_alarm(fd, time.perf_counter_ns() + _ALARM_PARKED_NS)
+            except OSError:
+                pass
 
     def on(self) -> None:
         self.inst._install_hooks()

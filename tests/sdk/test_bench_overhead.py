@@ -386,3 +386,58 @@ def test_emitter_parts_mode_times_the_emitter_by_part(tmp_path: Path) -> None:
     assert parts["emit_step: sampler decision"]["calls_per_step"] >= 0.9
     assert parts["pump (all)"]["us_per_step"] >= parts["emit_step (with listeners)"]["us_per_step"]
     assert (tmp_path / "emitter-parts-rank0.txt").read_text().count("us/step") == len(parts)
+
+
+def test_step_pairs_bare_steps_do_not_ring_the_gap_samplers_overrun_alarm(
+        tmp_path: Path) -> None:
+    """The tracker moves the gap sampler's overrun alarm at each step's start; a bare step
+    (that part switched off) must not find it where the instrumented step before it left
+    it, or it rings in most bare steps, a step "past its typical length" only because the
+    bench stopped moving it, and the bound charges wake-ups that a run with every step
+    recorded never has (seen: ~0.75 rings a pair, the gap sampler's CPU a step unchanged
+    by the alarm on the H100). Steps of ~60 ms spent inside the forward phase: nothing for
+    the sampler but overruns."""
+    import time
+
+    import bench_step_pairs
+    import torch
+
+    import otel_train
+
+    class Slow(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.06)
+            return self.lin(x)
+
+    model = Slow()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(2, 4)
+
+    def step() -> None:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    runs: list = []
+
+    def instrument():
+        inst = otel_train.instrument(model, optimizer=opt, output_dir=tmp_path,
+                                     console_log_level="warning", emit_interval_s=0.2)
+        runs.append(inst)
+        return inst
+
+    pairs = 24
+    bench_step_pairs.paired_run((model, opt, step, lambda: None), pairs, 6, tmp_path,
+                                seed=1, instrument=instrument)
+    gaps = next(s for s in runs[0]._sources if type(s).__name__ == "GapSource")
+    from otel_train import tracker
+
+    if not isinstance(gaps.tracker, tracker.CStepTracker or ()) and sys.version_info < (3, 13):
+        pytest.skip("this tracker cannot move the overrun alarm (the Python one before 3.13)")
+    assert gaps.wakeups > 0  # the sampler ran
+    # an instrumented step followed by a bare one: ~0.75 a pair (18 here) without the fix
+    assert gaps.alarms <= 3, gaps.alarms

@@ -84,3 +84,39 @@ def test_a_driver_error_or_a_wrong_read_puts_the_run_back_on_torchs_calls(fault)
     assert source._driver is None
     assert source._relative[0] == [(0.0, 1.5e6), (2.0e6, 4.25e6)]
     assert internal_errors.snapshot().get("cuda_timing", 0) == before + 1
+
+
+# --- the no-sync rule for the driver route, where no GPU is ------------------------------
+#: the driver calls the emitter may make: neither waits for the GPU (CUDA driver API:
+#: cuEventQuery returns CUDA_ERROR_NOT_READY for unfinished work, cuEventElapsedTime too)
+NON_SYNCHRONISING = {"cuEventQuery", "cuEventElapsedTime"}
+_FASTPATH_C = Path(__file__).resolve().parents[2] / "otel_train" / "_fastpath.c"
+
+
+def _driver_calls(source: str) -> set[str]:
+    """Every CUDA driver symbol the C source names: resolved (``dlsym``) or written as an
+    identifier (``cuXxx(``), and any library it opens besides libcuda."""
+    import re
+
+    named = set(re.findall(r'dlsym\([^,]+,\s*"(\w+)"\)', source))
+    called = set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", source))
+    opened = set(re.findall(r'dlopen\(\s*"([^"]+)"', source)) - {"libcuda.so.1"}
+    return named | called | {f"dlopen:{lib}" for lib in opened}
+
+
+def test_the_c_code_makes_no_synchronising_driver_call():
+    """The emitter's event reads bypass the runtime calls a profiler trace shows (the GPU
+    no-sync test counts those): the C source itself may name no driver call but the two
+    that never wait."""
+    source = _FASTPATH_C.read_text()
+    assert _driver_calls(source) == NON_SYNCHRONISING
+
+
+def test_the_driver_call_check_sees_a_planted_sync():
+    """The check above proves itself: a synchronising driver call added to the source, by
+    ``dlsym`` or by a direct call, or another library opened, makes it fail."""
+    source = _FASTPATH_C.read_text()
+    for planted in ('cu_sync = dlsym(lib, "cuEventSynchronize");',
+                    "rc = cuCtxSynchronize();",
+                    'void* rt = dlopen("libcudart.so.12", RTLD_LAZY);'):
+        assert _driver_calls(source + "\n" + planted + "\n") != NON_SYNCHRONISING, planted
