@@ -56,8 +56,10 @@ sys.path.insert(0, str(REPO))
 SCRIPT = REPO / "tests" / "gpu" / "nccl_faults_train.py"
 ARMS = ("bare", "events", "auto")
 #: more arms for ``--arms``: the plugin loaded (auto timing) in a loop without otel-train,
-#: which drains nothing: NCCL's and the plugin's callbacks' share of the cost
-EXTRA_ARMS = ("plugin_only",)
+#: which drains nothing: NCCL's and the plugin's callbacks' share of the cost; ``no_wrappers``:
+#: ``auto`` without otel-train's ``torch.distributed`` wrappers (a measurement switch of the
+#: script, COST_NO_WRAPPERS=1): the wrappers' share of the training thread's cost a collective
+EXTRA_ARMS = ("plugin_only", "no_wrappers")
 US_PER_COLLECTIVE, MS_PER_S = 5.0, 1.0
 
 
@@ -84,6 +86,8 @@ def launch(ranks: int, arm: str, args: argparse.Namespace, out: Path) -> list[di
         env["NCCL_PROFILER_PLUGIN"] = str(nccl.plugin_path())
         if arm == "events":
             env["OTEL_TRAIN_NCCL_TIMING"] = "events"
+        if arm == "no_wrappers":
+            env["COST_NO_WRAPPERS"] = "1"
     done = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", str(ranks),
                            str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=args.duration * 4 + 180)

@@ -53,6 +53,9 @@ COST_OUT = os.environ.get("COST_OUT")
 #: all-reduces each step, and BARE=1 runs the loop without otel-train
 EXTRA_COLLECTIVES = int(os.environ.get("EXTRA_COLLECTIVES", "0"))
 BARE = os.environ.get("BARE") == "1"
+#: a measurement switch (route_cost.py's ``no_wrappers`` arm): otel-train without its
+#: ``torch.distributed`` wrappers, to tell their share of the training thread's cost
+NO_WRAPPERS = os.environ.get("COST_NO_WRAPPERS") == "1"
 #: the cost benchmark's blocks (bench/multigpu/route_cost.py): after WARMUP steps, blocks of
 #: COST_BLOCK steps cycle through three kinds until COST_DURATION_S seconds are measured:
 #: ``base`` (no extra all-reduce), ``coll`` (EXTRA_COLLECTIVES a step) and ``pad`` (none, but
@@ -189,6 +192,10 @@ def main() -> None:
         parts_cm = emitter_parts.timing_parts()
     else:
         parts_cm = contextlib.nullcontext({})
+    if NO_WRAPPERS:
+        from otel_train.sources.collectives import capture
+
+        capture.Capture.wrap_functions = lambda self: []  # type: ignore[method-assign]
     with parts_cm as parts, (contextlib.nullcontext() if BARE
                              else otel_train.instrument(model, optimizer=opt,
                                                         dataloader=loader)) as inst:
