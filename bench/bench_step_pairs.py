@@ -87,9 +87,9 @@ TARGETS = [stats.Target("bound", "<=", 1.005, "step-time ratio with background C
 #: otel-train's threads in the training process: Python's by name, C ones by the kernel's
 #: (the NCCL plugin's poller, ``otel-nccl-poll``), and the OpenTelemetry SDK's own
 #: (``OtelBatchSpanRecordProcessor``...) where it exports in process
+THREAD_PREFIXES = ("otel-train", "otel-nccl", "otel_train", "Otel")
 #: where the overrun alarm waits while the training-thread part is off (Switch.off)
 _ALARM_PARKED_NS = 3600 * 10**9
-THREAD_PREFIXES = ("otel-train", "otel-nccl", "otel_train", "Otel")
 
 
 def _schedstat_s(path: Path) -> float | None:
