@@ -7,7 +7,9 @@ otel-train's wrapper of ``dist.all_gather_into_tensor`` & co. (gloo's share of a
 recorded elsewhere and call the original: tens of times a step, on the training thread.
 Here a one-rank gloo group stands in for the covered group (its backend put in
 ``skip_backends``, as the plugin route puts NCCL's), and the wrapped function is a no-op with
-``all_reduce``'s signature, so what is timed is the wrapper alone.
+``all_reduce``'s signature, so what is timed is the wrapper alone; ``--real``: torch's own
+``all_reduce`` on that group instead, a collective between two wrapper calls (colder caches,
+as in training; the gloo call's own time is in both cases and cancels).
 
 Cases, interleaved every repeat in one process: the bare function; the wrapper of a covered
 collective (default group, and a group passed by keyword); with ``--before FILE`` the same
@@ -70,12 +72,13 @@ def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None,
     return None
 
 
-def wrapped(module: Any, covered: bool) -> Callable[..., Any]:
+def wrapped(module: Any, covered: bool, original: Callable[..., Any] = all_reduce
+            ) -> Callable[..., Any]:
     records: list[tuple[Any, ...]] = []
     cap = module.Capture(records.append, _Tracker())
     if covered:
         cap.skip_backends.add("gloo")
-    return cap._wrapper("all_reduce", "all_reduce", "tensor", all_reduce)
+    return cap._wrapper("all_reduce", "all_reduce", "tensor", original)
 
 
 def per_call_us(fn: Callable[[], Any], calls: int) -> float:
@@ -86,18 +89,24 @@ def per_call_us(fn: Callable[[], Any], calls: int) -> float:
     return (time.thread_time_ns() - t0) / calls / 1e3
 
 
-def measure(calls: int, repeats: int, before: Any | None) -> dict[str, list[float]]:
-    x = torch.ones(4)
+def measure(calls: int, repeats: int, before: Any | None, real: bool = False
+            ) -> dict[str, list[float]]:
+    """``real``: the wrapped function is torch's own ``all_reduce`` on the one-rank gloo group,
+    so that each call runs a collective between two passes through the wrapper (its code and
+    data leave the caches as in a training loop) rather than a no-op."""
+    x = torch.ones(256 if real else 4)
     group = dist.group.WORLD
-    now_covered, now_recorded = wrapped(capture_now, True), wrapped(capture_now, False)
+    original = dist.distributed_c10d.all_reduce if real else all_reduce
+    now_covered = wrapped(capture_now, True, original)
+    now_recorded = wrapped(capture_now, False, original)
     cases: dict[str, Callable[[], Any]] = {
-        "bare function": lambda: all_reduce(x),
+        "bare function": lambda: original(x),
         "covered, default group": lambda: now_covered(x),
         "covered, group=": lambda: now_covered(x, group=group),
         "recorded (not covered), for scale": lambda: now_recorded(x),
     }
     if before is not None:
-        then = wrapped(before, True)
+        then = wrapped(before, True, original)
         cases["before: covered, default group"] = lambda: then(x)
         cases["before: covered, group="] = lambda: then(x, group=group)
     out: dict[str, list[float]] = {name: [] for name in cases}
@@ -149,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=21)
     parser.add_argument("--before", type=Path, default=None,
                         help="an earlier otel_train/sources/collectives/capture.py")
+    parser.add_argument("--real", action="store_true",
+                        help="wrap torch's all_reduce on the one-rank gloo group, not a no-op")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -159,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        raw = measure(args.calls, args.repeats, before)
+        raw = measure(args.calls, args.repeats, before, args.real)
     finally:
         dist.destroy_process_group()
     text, summary = render(raw, args)
