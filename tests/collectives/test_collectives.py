@@ -17,7 +17,6 @@ import time
 import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -431,76 +430,6 @@ def test_a_backend_recorded_elsewhere_costs_no_record_and_no_hook(single_rank_gr
         assert len(issued) == 4, issued
         assert hooked_ddp == 1 and torch_compat.ddp_comm_hook_registered(ddp)
         assert hooked_groups in (None, 1)
-
-
-def _deferred_capture(put: list) -> Any:
-    """A Capture whose every group's collectives are recorded elsewhere (gloo stands in for
-    NCCL under its plugin, as above), its wrappers deferred."""
-    from otel_train.sources.collectives import capture as capture_mod
-
-    class Tracker:
-        step, pending_end_ns = 0, None
-
-    cap = capture_mod.Capture(put.append, Tracker())
-    cap.skip_backends.add("gloo")
-    assert cap.wrap_when_needed()
-    return cap
-
-
-def test_where_every_group_is_recorded_elsewhere_no_wrapper_is_put_in(single_rank_group):
-    """A process whose groups are all NCCL's to record (the plugin's route) keeps torch's
-    own functions: no wrapper frame at any collective. A new group NCCL also records
-    changes nothing; a new one it does not (here: once gloo no longer stands in as covered,
-    a gloo group) puts the wrappers in at its creation, and its collectives are recorded.
-    Leaving restores torch's functions and its group helper."""
-    from otel_train.sources.collectives import capture as capture_mod
-
-    c10d = dist.distributed_c10d
-    originals = {api: dist.__dict__[api] for api in capture_mod.WRAPPED if api in dist.__dict__}
-    helper = c10d._new_process_group_helper
-    put: list[tuple] = []
-    cap = _deferred_capture(put)
-    try:
-        assert all(dist.__dict__[api] is fn for api, fn in originals.items())
-        covered_group = dist.new_group([0], backend="gloo")
-        dist.all_reduce(torch.ones(2), group=covered_group)
-        assert cap.deferred and dist.all_reduce is originals["all_reduce"] and put == []
-        cap.skip_backends.discard("gloo")  # from here a gloo group is not recorded elsewhere
-        cap._covered.clear()
-        other = dist.new_group([0], backend="gloo")
-        assert not cap.deferred and dist.all_reduce is not originals["all_reduce"]
-        dist.all_reduce(torch.ones(2), group=other)
-        issued = [r for r in put if r[2][0] == capture_mod.ISSUE]
-        assert len(issued) == 1, put
-    finally:
-        cap.remove()
-    assert all(dist.__dict__[api] is fn for api, fn in originals.items())
-    assert c10d._new_process_group_helper is helper
-
-
-def test_a_group_made_around_the_helper_is_found_at_the_next_check(single_rank_group):
-    """A group that does not come through torch's group helper (a path torch may grow) and
-    that NCCL's records do not cover puts the wrappers in at the emitter's next tick."""
-    c10d = dist.distributed_c10d
-    original, helper = dist.all_reduce, c10d._new_process_group_helper
-    put: list[tuple] = []
-    cap = _deferred_capture(put)
-    watching = c10d._new_process_group_helper
-    try:
-        cap.check_groups()
-        assert cap.deferred  # no new group: nothing to do
-        cap.skip_backends.discard("gloo")
-        c10d._new_process_group_helper = helper  # the next group is made around the watch
-        try:
-            dist.new_group([0], backend="gloo")
-        finally:
-            c10d._new_process_group_helper = watching
-        assert cap.deferred and dist.all_reduce is original
-        cap.check_groups()
-        assert not cap.deferred and dist.all_reduce is not original
-    finally:
-        cap.remove()
-    assert dist.all_reduce is original and c10d._new_process_group_helper is helper
 
 
 def structlog_stub():  # noqa: ANN201

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from otel_train import internal_errors, torch_compat
+from otel_train import torch_compat
 from otel_train.config import ConfigWarning
 from otel_train.recorder import EVENT
 from otel_train.sources.collectives import capture as capture_mod
@@ -58,17 +58,8 @@ class CollectiveSource:
         elif ledger.flight_recorder is not None:
             cap.skip_backends.add("nccl")
             self.mechanisms.append("nccl_flight_recorder")
-        try:
-            deferred = cap.wrap_when_needed()
-        except Exception as err:  # the groups could not be told apart: wrap, as always
-            internal_errors.count("collectives", err)
-            deferred = False
-        if deferred:
-            # every group's collectives are NCCL's to record: no wrapper until a group that
-            # is not appears (at its creation, or at the next tick for one made around it)
-            self.mechanisms.append("torch.distributed:deferred")
-            ctx.emitter.on_tick(cap.check_groups)
-        elif cap.wrap_functions():
+        wrapped = cap.wrap_functions()
+        if wrapped:
             self.mechanisms.append("torch.distributed")
         use_hooks = capture_mod.pg_hooks_available() and ctx.config.collective_pg_hooks
         if use_hooks and cap.hook_groups():

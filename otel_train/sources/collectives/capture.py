@@ -130,11 +130,6 @@ class Capture:
         self._hook_keys: dict[tuple[int, int], int] = {}
         self._undo: list[Callable[[], None]] = []
         self.enabled = True
-        #: the wrappers wait for a group that NCCL's records do not cover (wrap_when_needed)
-        self.deferred = False
-        self._deferred_lock = threading.Lock()
-        self._groups_seen = 0
-        self._unwatch: Callable[[], None] | None = None
         self._errors = internal_errors.Tally()
         put_record = self._put
 
@@ -236,70 +231,6 @@ class Capture:
         future.add_done_callback(functools.partial(self._future_done, key))
 
     # --- module wrappers -------------------------------------------------------------
-    def wrap_when_needed(self) -> bool:
-        """Where every process group is one whose collectives NCCL's plugin (or flight
-        recorder) records alone (:meth:`covers_group`), the wrappers would only call the
-        original: a Python frame and a look-up at every collective, which in a training loop
-        cost several times their warm figure (bench/results/collective-wrapper-real-cpu.md).
-        Then they are put in only when a group appears that is not covered: at its creation
-        (torch makes every new group through ``distributed_c10d._new_process_group_helper``)
-        or, for one made some other way, at the next :meth:`check_groups` (the emitter's
-        tick). True where the wrappers wait; False where the groups cannot be told apart or
-        the helper is gone (the caller wraps now, as before)."""
-        c10d = dist.distributed_c10d
-        helper = getattr(c10d, "_new_process_group_helper", None)
-        groups = torch_compat.process_groups()
-        if not callable(helper) or not groups or not all(self.covers_group(g) for g in groups):
-            return False
-        capture = self
-
-        def new_process_group_helper(*args: Any, **kwargs: Any) -> Any:
-            made = helper(*args, **kwargs)
-            try:
-                group = made[0] if isinstance(made, tuple) else made
-                if isinstance(group, dist.ProcessGroup) and not capture.covers_group(group):
-                    capture._wrap_now()
-            except Exception as err:  # not known to be covered: captured the usual way
-                capture._errors.add(err, "collectives")
-                capture._wrap_now()
-            return made
-
-        def unwatch() -> None:
-            if c10d.__dict__.get("_new_process_group_helper") is new_process_group_helper:
-                c10d._new_process_group_helper = helper
-
-        c10d._new_process_group_helper = new_process_group_helper
-        self._unwatch = unwatch
-        self._undo.append(unwatch)
-        self._groups_seen = len(groups)
-        self.deferred = True
-        return True
-
-    def check_groups(self) -> None:
-        """The emitter's tick, while the wrappers wait: a group made around the helper that
-        NCCL's records do not cover puts them in now."""
-        if not self.deferred:
-            return
-        try:
-            groups = torch_compat.process_groups()
-            if len(groups) == self._groups_seen:
-                return
-            self._groups_seen = len(groups)
-            if all(self.covers_group(g) for g in groups):
-                return
-        except Exception as err:
-            self._errors.add(err, "collectives")
-        self._wrap_now()
-
-    def _wrap_now(self) -> None:
-        with self._deferred_lock:
-            if not self.deferred or not self.enabled:
-                return
-            self.deferred = False
-            if self._unwatch is not None:
-                self._unwatch()
-            self.wrap_functions()
-
     def wrap_functions(self) -> list[str]:
         wrapped = []
         for api, (op, size_param) in WRAPPED.items():
@@ -469,9 +400,7 @@ class Capture:
         return hooked
 
     def remove(self) -> None:
-        with self._deferred_lock:  # no wrapping begun on another thread from here
-            self.enabled = False
-            self.deferred = False
+        self.enabled = False
         while self._undo:
             try:
                 self._undo.pop()()
