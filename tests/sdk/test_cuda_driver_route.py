@@ -7,6 +7,7 @@ torch's on an H200: tests/gpu/test_cuda_timing.py."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -96,8 +97,6 @@ _FASTPATH_C = Path(__file__).resolve().parents[2] / "otel_train" / "_fastpath.c"
 def _driver_calls(source: str) -> set[str]:
     """Every CUDA driver symbol the C source names: resolved (``dlsym``) or written as an
     identifier (``cuXxx(``), and any library it opens besides libcuda."""
-    import re
-
     named = set(re.findall(r'dlsym\([^,]+,\s*"(\w+)"\)', source))
     called = set(re.findall(r"\b(cu[A-Z]\w*)\s*\(", source))
     opened = set(re.findall(r'dlopen\(\s*"([^"]+)"', source)) - {"libcuda.so.1"}
