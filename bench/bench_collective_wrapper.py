@@ -9,14 +9,19 @@ Here a one-rank gloo group stands in for the covered group (its backend put in
 ``skip_backends``, as the plugin route puts NCCL's), and the wrapped function is a no-op with
 ``all_reduce``'s signature, so what is timed is the wrapper alone; ``--real``: torch's own
 ``all_reduce`` on that group instead, a collective between two wrapper calls (colder caches,
-as in training; the gloo call's own time is in both cases and cancels).
+as in training; the gloo call's own time is in both cases and cancels); ``--device cuda``
+(with ``--real``): a one-rank NCCL group and a CUDA tensor, NCCL in ``skip_backends`` as the
+plugin route has it, the GPU synchronised every ``SYNC_EVERY`` calls outside the timed stretches
+(the host's own Python and caches, where the training thread's extra per collective was seen).
 
 Cases, interleaved every repeat in one process: the bare function; the wrapper of a covered
 collective (default group, and a group passed by keyword); with ``--before FILE`` the same
 through an earlier ``capture.py`` (``git show REV:otel_train/sources/collectives/capture.py
 > FILE``); the wrapper of a recorded (not covered) collective, for scale. Each: ``--calls``
 calls timed by the thread's CPU clock, per call, ``--repeats`` times; added = the case less
-the bare function in the same repeat, median and bootstrap 95% CI over repeats. Warm caches:
+the bare function in the same repeat, median and bootstrap 95% CI over repeats; "pass-through"
+is the least any Python wrapper costs (``*args, **kwargs`` handed on), the floor for
+comparison. Warm caches:
 in a training loop each costs several times this. Verdict: a covered collective's wrapper adds
 <= 1 us a call (``TARGET_US``); exits 1 on a miss.
 
@@ -47,6 +52,7 @@ import overhead_stats as stats  # noqa: E402
 from otel_train.sources.collectives import capture as capture_now  # noqa: E402
 
 TARGET_US = 1.0
+SYNC_EVERY = 256  # CUDA: calls between synchronisations (the launch queue never fills)
 
 
 class _Tracker:
@@ -72,47 +78,71 @@ def all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None,
     return None
 
 
-def wrapped(module: Any, covered: bool, original: Callable[..., Any] = all_reduce
-            ) -> Callable[..., Any]:
+def wrapped(module: Any, covered: bool, original: Callable[..., Any] = all_reduce,
+            backend: str = "gloo") -> Callable[..., Any]:
     records: list[tuple[Any, ...]] = []
     cap = module.Capture(records.append, _Tracker())
     if covered:
-        cap.skip_backends.add("gloo")
+        cap.skip_backends.add(backend)
     return cap._wrapper("all_reduce", "all_reduce", "tensor", original)
 
 
-def per_call_us(fn: Callable[[], Any], calls: int) -> float:
+def pass_through(original: Callable[..., Any]) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return original(*args, **kwargs)
+    return wrapper
+
+
+def per_call_us(fn: Callable[[], Any], calls: int,
+                sync: Callable[[], Any] | None = None) -> float:
+    """Thread CPU per call; ``sync`` (CUDA) runs every SYNC_EVERY calls, outside the timing."""
     fn()
-    t0 = time.thread_time_ns()
-    for _ in range(calls):
-        fn()
-    return (time.thread_time_ns() - t0) / calls / 1e3
+    if sync is None:
+        t0 = time.thread_time_ns()
+        for _ in range(calls):
+            fn()
+        return (time.thread_time_ns() - t0) / calls / 1e3
+    total, done = 0, 0
+    while done < calls:
+        sync()
+        n = min(SYNC_EVERY, calls - done)
+        t0 = time.thread_time_ns()
+        for _ in range(n):
+            fn()
+        total += time.thread_time_ns() - t0
+        done += n
+    sync()
+    return total / calls / 1e3
 
 
-def measure(calls: int, repeats: int, before: Any | None, real: bool = False
-            ) -> dict[str, list[float]]:
+def measure(calls: int, repeats: int, before: Any | None, real: bool = False,
+            device: str = "cpu") -> dict[str, list[float]]:
     """``real``: the wrapped function is torch's own ``all_reduce`` on the one-rank gloo group,
     so that each call runs a collective between two passes through the wrapper (its code and
     data leave the caches as in a training loop) rather than a no-op."""
-    x = torch.ones(256 if real else 4)
+    x = torch.ones(256 if real else 4, device=device)
     group = dist.group.WORLD
+    backend = "nccl" if device == "cuda" else "gloo"
+    sync = torch.cuda.synchronize if device == "cuda" else None
     original = dist.distributed_c10d.all_reduce if real else all_reduce
-    now_covered = wrapped(capture_now, True, original)
-    now_recorded = wrapped(capture_now, False, original)
+    now_covered = wrapped(capture_now, True, original, backend)
+    now_recorded = wrapped(capture_now, False, original, backend)
+    floor = pass_through(original)
     cases: dict[str, Callable[[], Any]] = {
         "bare function": lambda: original(x),
+        "pass-through (the floor)": lambda: floor(x),
         "covered, default group": lambda: now_covered(x),
         "covered, group=": lambda: now_covered(x, group=group),
         "recorded (not covered), for scale": lambda: now_recorded(x),
     }
     if before is not None:
-        then = wrapped(before, True, original)
+        then = wrapped(before, True, original, backend)
         cases["before: covered, default group"] = lambda: then(x)
         cases["before: covered, group="] = lambda: then(x, group=group)
     out: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(repeats):
         for name, fn in cases.items():
-            out[name].append(per_call_us(fn, calls))
+            out[name].append(per_call_us(fn, calls, sync))
     return out
 
 
@@ -160,17 +190,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="an earlier otel_train/sources/collectives/capture.py")
     parser.add_argument("--real", action="store_true",
                         help="wrap torch's all_reduce on the one-rank gloo group, not a no-op")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: a one-rank NCCL group and a CUDA tensor (with --real)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.calls < 1 or args.repeats < 3:
         parser.error("--calls >= 1 and --repeats >= 3")
+    if args.device == "cuda" and not (args.real and torch.cuda.is_available()):
+        parser.error("--device cuda needs --real and a CUDA device")
     before = _load(args.before) if args.before else None
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    dist.init_process_group("gloo", rank=0, world_size=1)
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1,
+                                device_id=torch.device("cuda", 0))
+    else:
+        dist.init_process_group("gloo", rank=0, world_size=1)
     try:
-        raw = measure(args.calls, args.repeats, before, args.real)
+        raw = measure(args.calls, args.repeats, before, args.real, args.device)
     finally:
         dist.destroy_process_group()
     text, summary = render(raw, args)

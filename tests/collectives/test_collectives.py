@@ -22,6 +22,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from support import otlp_files
+from support.pipeline_fixtures import free_port
 from torch._dynamo.utils import counters
 
 import otel_train
@@ -430,6 +431,50 @@ def test_a_backend_recorded_elsewhere_costs_no_record_and_no_hook(single_rank_gr
         assert len(issued) == 4, issued
         assert hooked_ddp == 1 and torch_compat.ddp_comm_hook_registered(ddp)
         assert hooked_groups in (None, 1)
+
+
+def test_a_group_covered_whole_skips_its_collectives_and_no_other_group_does() -> None:
+    """The wrappers' first look (``Capture._whole``): a group whose every backend is covered
+    passes its collectives straight to torch, and nothing else does: not a mixed default
+    group (``cpu:<covered>,cuda:gloo``) whose other backend's collectives must be recorded,
+    not another backend's group, on any call after the look-ups were cached. torch's own
+    "fake" backend (from its test utilities; a real ProcessGroup whose collectives do
+    nothing) stands in for NCCL, which needs a GPU: it is the covered one here, and a meta
+    tensor stands in for a device the mixed group's covered backend does not serve."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+
+    from otel_train.sources.collectives import capture as capture_mod
+
+    put: list[tuple] = []
+
+    class Tracker:
+        step, pending_end_ns = 0, None
+
+    dist.init_process_group("cpu:fake,cuda:gloo", init_method=f"tcp://127.0.0.1:{free_port()}",
+                            rank=0, world_size=1)
+    cap = capture_mod.Capture(put.append, Tracker())
+    cap.skip_backends.add("fake")
+    try:
+        covered_whole = dist.new_group([0], backend="fake")
+        gloo_only = dist.new_group([0], backend="gloo")
+        default_name = dist.group.WORLD.group_name
+        cap.wrap_functions()
+        t, elsewhere = torch.ones(3), torch.ones(3, device="meta")
+        for _ in range(3):  # the first calls fill the caches, the later ones read them
+            dist.all_reduce(t, group=covered_whole)
+            dist.all_reduce(t)  # the default group's covered backend: not recorded
+            dist.all_reduce(elsewhere)  # the same group, not its covered backend: recorded
+            dist.all_reduce(t, group=gloo_only)
+            dist.all_reduce(t, dist.ReduceOp.SUM, gloo_only)  # the group by position
+    finally:
+        cap.remove()
+        dist.destroy_process_group()
+    issued = [r[2] for r in put if r[2][0] == capture_mod.ISSUE]
+    groups = [rec[5] for rec in issued]
+    assert groups.count(gloo_only.group_name) == 6, groups
+    assert groups.count(default_name) == 3, groups  # the meta tensor's, every time
+    assert len(issued) == 9, issued
+    assert cap._whole == {id(covered_whole)}, cap._whole
 
 
 def structlog_stub():  # noqa: ANN201

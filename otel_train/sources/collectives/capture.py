@@ -141,6 +141,9 @@ class Capture:
         self.skip_backends: set[str] = set()
         #: (id(group), "cuda" or "cpu") -> whether its collectives' records come from elsewhere
         self._covered: dict[tuple[int, str], bool] = {}
+        #: id(group) (id(None): the default group) of the groups whose every backend is in
+        #: ``skip_backends`` (a pure NCCL group under the plugin): the wrappers' first look
+        self._whole: set[int] = set()
 
     @property
     def errors(self) -> int:
@@ -167,10 +170,10 @@ class Capture:
         """Whether a collective's records come from elsewhere: its group's backend for its
         tensors' device is in ``skip_backends`` (NCCL, whose profiler plugin or flight
         recorder sees every NCCL collective); the wrappers then call the original at once.
-        The training thread pays this at every collective: the answer is cached by group and
-        device (CUDA or CPU, read off the tensor's flags), one dictionary look-up (with
-        ``_Busy``'s class default, 0.78-0.94 us a call for the wrapper against 1.57-1.74 before on
-        this project's VM: bench/results/collective-wrapper-cpu.md)."""
+        The answer is cached by group and device (CUDA or CPU, read off the tensor's flags);
+        a group whose every backend is covered goes into ``_whole`` too, and the wrappers see
+        it there before looking at any tensor (bench/results/collective-wrapper-cpu.md has
+        the costs)."""
         first = sized if isinstance(sized, _Tensor) else (
             sized[0] if isinstance(sized, (list, tuple)) and sized else None)
         if not isinstance(first, _Tensor):
@@ -185,13 +188,26 @@ class Capture:
         hit = self._covered.get(key)
         if hit is None:
             hit = self._covered[key] = self._group(group, on)[2] in self.skip_backends
+            if hit:
+                self._note_whole(group)
         return hit
+
+    def _note_whole(self, group: Any) -> None:
+        """Remember a group whose every backend is covered: the wrappers' first look (a set
+        of ids, as the caches above; a mixed ``cpu:gloo,cuda:nccl`` group is not one)."""
+        try:
+            if self.covers_group(group):
+                self._whole.add(id(group))
+        except Exception as err:  # not known to be whole: the per-device look-up stays
+            self._errors.add(err, "collectives")
 
     def covers_group(self, group: Any) -> bool:
         """Whether every backend of a process group is in ``skip_backends`` (a pure NCCL
         group under the plugin): its hooks would only cost."""
         if not self.skip_backends:
             return False
+        if group is None:
+            group = torch_compat.default_group()
         backend = str(dist.get_backend(group))
         names = [p.split(":", 1)[-1] for p in backend.split(",")]
         return all(name in self.skip_backends for name in names)
@@ -256,6 +272,7 @@ class Capture:
         local = self._local
         capture = self
         skip = self.skip_backends  # the set itself: filled before the first collective
+        whole = self._whole  # the set itself, filled by covered()
 
         def arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str | None
                 ) -> Any:
@@ -266,12 +283,17 @@ class Capture:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             # Inside a compiled region dynamo folds is_compiling() to True and traces the
             # original, which it maps to a functional collective: the graph is unchanged.
-            if _is_compiling() or not capture.enabled or local.busy:
+            if _is_compiling() or local.busy:
+                return original(*args, **kwargs)
+            # A group whose every backend NCCL's plugin (or flight recorder) records, the
+            # usual case under NCCL: one set look-up and the original, nothing more. The
+            # training thread pays this at every collective of FSDP and user code.
+            group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
+            if id(group) in whole or not capture.enabled:
                 return original(*args, **kwargs)
             key = 0
             async_op = always_async
             try:
-                group = args[group_pos] if 0 <= group_pos < len(args) else kwargs.get("group")
                 sized = (args[size_pos] if 0 <= size_pos < len(args) else
                          kwargs.get(size_param) if size_param else None)
                 if skip and capture.covered(group, sized):  # NCCL's plugin records it
