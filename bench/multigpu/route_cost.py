@@ -35,6 +35,14 @@ Three figures, because otel-train's cost scales three ways (issue 33, docs/overh
 Each figure: median over (rank, triple) with a 95% confidence interval (bootstrap over the
 triples; for "added", the instrumented arm's minus bare's, resampled independently). Exits 1
 when ``auto`` misses a target. ``--parts``: the emitter's CPU by part as well.
+
+The whole process's marginal moves by +-10-16 us between launches of arms that differ by
+code that can only add CPU (bench/results/nccl-timing-route-wrappers-2-ranks-shared-h100.md:
+``no_wrappers`` below ``bare``), more than the 5 us target. The parts that are measured
+exactly are reported apart: otel-train's threads (their own CPU clocks), and with the
+``auto_timed`` arm the plugin's callbacks where NCCL enqueues, timed in situ
+(``OTEL_TRAIN_NCCL_SELF_TIME=1``); the ``torch.distributed`` wrapper's share is
+``bench/bench_collective_wrapper.py --real --device cuda``'s.
 """
 
 from __future__ import annotations
@@ -59,7 +67,10 @@ ARMS = ("bare", "events", "auto")
 #: which drains nothing: NCCL's and the plugin's callbacks' share of the cost; ``no_wrappers``:
 #: ``auto`` without otel-train's ``torch.distributed`` wrappers (a measurement switch of the
 #: script, COST_NO_WRAPPERS=1): the wrappers' share of the training thread's cost a collective
-EXTRA_ARMS = ("plugin_only", "no_wrappers")
+#: ``auto_timed``: ``auto`` with the plugin timing its own callbacks where NCCL enqueues
+#: (OTEL_TRAIN_NCCL_SELF_TIME=1, two thread-CPU clock reads a callback more): the plugin's
+#: share of the training thread a collective, exact where the whole process's is not
+EXTRA_ARMS = ("plugin_only", "no_wrappers", "auto_timed")
 US_PER_COLLECTIVE, MS_PER_S = 5.0, 1.0
 
 
@@ -88,6 +99,8 @@ def launch(ranks: int, arm: str, args: argparse.Namespace, out: Path) -> list[di
             env["OTEL_TRAIN_NCCL_TIMING"] = "events"
         if arm == "no_wrappers":
             env["COST_NO_WRAPPERS"] = "1"
+        if arm == "auto_timed":
+            env["OTEL_TRAIN_NCCL_SELF_TIME"] = "1"
     done = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", str(ranks),
                            str(SCRIPT)], env=env, capture_output=True, text=True,
                           timeout=args.duration * 4 + 180)
@@ -119,6 +132,11 @@ def process(block: dict) -> float:
 
 def otel(block: dict) -> float:
     return block["otel_threads_cpu_s"] - edge_s(block)
+
+
+def plugin_callbacks(block: dict) -> float:
+    """CPU seconds of the plugin's callbacks where NCCL enqueues (OTEL_TRAIN_NCCL_SELF_TIME=1)."""
+    return block["plugin_callbacks_s"]
 
 
 def thread(name: str) -> Callable[[dict], float]:
@@ -215,11 +233,20 @@ def sampler_us_per_wakeup(rows: list[dict]) -> dict[str, float]:
 
 
 def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
-    per: dict[str, dict] = {}
+    rows_by_arm = {}
     for arm in args.arms:
-        rows = launch(ranks, arm, args, out)
-        if not triples(rows):
+        rows_by_arm[arm] = launch(ranks, arm, args, out)
+        if not triples(rows_by_arm[arm]):
             raise RuntimeError(f"{ranks} {arm}: no complete (base, coll, pad) triple of blocks")
+    return {"ranks": ranks, "extra": args.extra, "block": args.block,
+            "arms": arm_figures(rows_by_arm)}
+
+
+def arm_figures(rows_by_arm: dict[str, list[dict]]) -> dict[str, dict]:
+    """Each arm's figures from its ranks' blocks (the first arm is bare: the others' "added"
+    figures are theirs less its)."""
+    per: dict[str, dict] = {}
+    for arm, rows in rows_by_arm.items():
         base_blocks = [t[0] for t in triples(rows)]
         names = sorted({k for r in rows for b in r["blocks"] for k in b["threads_cpu_s"]})
         parts = sorted({k for r in rows for b in r["blocks"] for k in b.get("emitter_parts_ns", {})})
@@ -272,15 +299,29 @@ def figures(ranks: int, args: argparse.Namespace, out: Path) -> dict:
             "measured_s": statistics.median(sum(b["wall_s"] for b in r["blocks"]) for r in rows),
             "blocks": statistics.median(len(r["blocks"]) for r in rows),
         }
-    for arm in args.arms[1:]:
+        if all("plugin_callbacks_s" in b for t in triples(rows) for b in t):
+            # auto_timed: the plugin's callbacks where NCCL enqueues, timed in situ (inside
+            # py:main's CPU above, not beside it), per extra collective; and how many
+            per[arm]["plugin_callbacks_pairs_us"] = marginal(rows, plugin_callbacks)
+            per[arm]["plugin_callbacks_per_collective"] = statistics.median(marginal(
+                rows, lambda b: b["plugin_callbacks"] / 1e6))
+    arms = list(rows_by_arm)
+    for arm in arms[1:]:
         for key in ("pairs_us", "pairs_us_with_nccl"):
             per[arm]["added_" + key] = ci(per[arm][key], per["bare"][key])
-    for arm in args.arms:
+    for arm in arms:
         per[arm]["itself_us"] = ci(per[arm]["pairs_us"])
         per[arm]["otel_threads_us"] = ci(per[arm]["otel_threads_pairs_us"])
         per[arm]["otel_per_s"] = ci(per[arm]["otel_per_s_ms"])
         per[arm]["otel_per_step"] = ci(per[arm]["otel_per_step_us"])
-    return {"ranks": ranks, "extra": args.extra, "block": args.block, "arms": per}
+        if "plugin_callbacks_pairs_us" in per[arm]:
+            per[arm]["plugin_callbacks_us"] = ci(per[arm]["plugin_callbacks_pairs_us"])
+            # the parts measured exactly: otel-train's threads and the plugin's callbacks
+            per[arm]["parts_pairs_us"] = [
+                a + b for a, b in zip(per[arm]["otel_threads_pairs_us"],
+                                      per[arm]["plugin_callbacks_pairs_us"], strict=True)]
+            per[arm]["parts_us"] = ci(per[arm]["parts_pairs_us"])
+    return per
 
 
 def fmt(est: tuple[float, float, float]) -> str:
@@ -355,6 +396,22 @@ def markdown(results: list[dict], env: dict) -> str:
                 continue
             lines.append(f"| {name} | " + " | ".join(
                 "-" if v is None else f"{v:.1f}" for v in values) + " |")
+        lines.append("")
+    timed = [(r["ranks"], arm, a) for r in results for arm, a in r["arms"].items()
+             if "plugin_callbacks_us" in a]
+    if timed:
+        lines += ["The plugin's callbacks where NCCL enqueues, timed in situ "
+                  "(`OTEL_TRAIN_NCCL_SELF_TIME=1`: a part of the training thread's CPU, exact "
+                  "where the whole process's marginal is not), per extra collective; with "
+                  "otel-train's threads, the parts measured exactly (the `torch.distributed` "
+                  "wrapper, ~1 us, is `bench/bench_collective_wrapper.py`'s):", "",
+                  "| ranks | arm | callbacks a collective | plugin callbacks, us / collective "
+                  "| otel-train's threads, us / collective | the two, us / collective |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for ranks, arm, a in timed:
+            lines.append(f"| {ranks} | {arm} | {a['plugin_callbacks_per_collective']:.2f} | "
+                         f"{fmt(a['plugin_callbacks_us'])} | {fmt(a['otel_threads_us'])} | "
+                         f"{fmt(a['parts_us'])} |")
         lines.append("")
     for r in results:
         for arm, a in r["arms"].items():

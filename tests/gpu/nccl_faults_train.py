@@ -327,7 +327,8 @@ class Blocks:
         torch.cuda.synchronize()
         self.drain = self._drain()
         return (time.perf_counter(), otel_threads_cpu_s(), step, time.process_time(),
-                threads_cpu_s(), {k: v[0] for k, v in self.parts.items()}, self._wakeups())
+                threads_cpu_s(), {k: v[0] for k, v in self.parts.items()}, self._wakeups(),
+                plugin_self_time())
 
     def _wakeups(self) -> dict[str, int]:
         """How often otel-train's threads woke so far (the emitter's count includes the
@@ -397,11 +398,33 @@ def _thread_ns(tid: int) -> int:
 
 
 def _block(start: tuple, end: tuple, extra: int) -> dict:
-    (t0, c0, s0, p0, th0, pa0, *_), (t1, c1, s1, p1, th1, pa1, *_) = start, end
-    return {"steps": s1 - s0, "extra": extra, "wall_s": t1 - t0, "otel_threads_cpu_s": c1 - c0,
-            "process_cpu_s": p1 - p0,
-            "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()},
-            "emitter_parts_ns": {k: v - pa0.get(k, 0) for k, v in pa1.items()}}
+    (t0, c0, s0, p0, th0, pa0, _, cb0), (t1, c1, s1, p1, th1, pa1, _, cb1) = start, end
+    block = {"steps": s1 - s0, "extra": extra, "wall_s": t1 - t0,
+             "otel_threads_cpu_s": c1 - c0, "process_cpu_s": p1 - p0,
+             "threads_cpu_s": {k: v - th0.get(k, 0.0) for k, v in th1.items()},
+             "emitter_parts_ns": {k: v - pa0.get(k, 0) for k, v in pa1.items()}}
+    if cb0 is not None and cb1 is not None:  # in situ: inside the enqueuing threads' CPU
+        block["plugin_callbacks_s"] = (cb1[0] - cb0[0]) / 1e9
+        block["plugin_callbacks"] = cb1[1] - cb0[1]
+    return block
+
+
+_PLUGIN: list = []
+
+
+def plugin_self_time() -> tuple[int, int] | None:
+    """With OTEL_TRAIN_NCCL_SELF_TIME=1 (a measurement switch, read when NCCL loads the
+    plugin): the thread CPU ns the plugin's callbacks have spent so far where NCCL enqueues
+    (the training thread here), and how many; else None."""
+    if not _PLUGIN:
+        from otel_train import nccl
+
+        on = os.environ.get("OTEL_TRAIN_NCCL_SELF_TIME") == "1"
+        _PLUGIN.append(nccl.loaded() if on else None)
+    if _PLUGIN[0] is None:
+        return None
+    counts = _PLUGIN[0].self_time()
+    return counts["callbacks_ns"], counts["callbacks"]
 
 
 if __name__ == "__main__":
