@@ -26,6 +26,12 @@ alone although part of it (the emitter's and sampler's wake-ups) runs for bare s
 
 The exporter process has cores of its own on GPU hosts and is reported beside, not added.
 
+The emitter's passes hold the interpreter lock for their Python (~280 us a step's worth on
+the GPU hosts); a step that needs the lock meanwhile waits. The run times every pass and
+reports how many bare and instrumented steps had one inside them, and the pair ratio of the
+pairs with none in either step: a pair ratio that falls there would put the difference in
+those waits, one that does not puts it in the training thread's own work.
+
 Targets (issue 15, ``--device cuda``): the bound <= 1.005 and the pair ratio's 95% CI
 half-width <= 0.005. On the CPU (``--device cpu``, a tiny MLP whose steps are ~0.4 ms, so
 the hooks' microseconds are percents) no target applies: the run checks the method, and
@@ -59,6 +65,7 @@ Recorded in ``bench/results/step-pairs-cpu.md`` (this VM) and ``step-pairs-h200-
 from __future__ import annotations
 
 import argparse
+import bisect
 import importlib
 import json
 import os
@@ -213,15 +220,49 @@ def _forever(loader: Any) -> Any:
 # --- the paired run --------------------------------------------------------------------------
 
 def timed_step(step: Callable[[], None], sync: Callable[[], None],
-               after: Callable[[], None] | None = None) -> tuple[int, int]:
-    """(wall ns, training-thread CPU ns) of one step between two synchronisations."""
+               after: Callable[[], None] | None = None,
+               windows: list[tuple[int, int]] | None = None) -> tuple[int, int]:
+    """(wall ns, training-thread CPU ns) of one step between two synchronisations;
+    ``windows`` gets its (start, end) on the perf counter."""
     sync()
     w0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     step()
     if after is not None:
         after()
     sync()
-    return time.perf_counter_ns() - w0, time.thread_time_ns() - c0
+    w1 = time.perf_counter_ns()
+    if windows is not None:
+        windows.append((w0, w1))
+    return w1 - w0, time.thread_time_ns() - c0
+
+
+def watch_drains(emitter: Any) -> list[tuple[int, int]]:
+    """Every emitter pass's (start, end) on the perf counter from now on (the instance's
+    ``pump`` shadowed; the list is appended on the emitter thread)."""
+    drains: list[tuple[int, int]] = []
+    pump = emitter.pump
+
+    def timed_pump(final: bool = False) -> int:
+        t0 = time.perf_counter_ns()
+        try:
+            return pump(final)
+        finally:
+            drains.append((t0, time.perf_counter_ns()))
+
+    emitter.pump = timed_pump
+    return drains
+
+
+def overlap_ns(window: tuple[int, int], drains: list[tuple[int, int]]) -> int:
+    """How much of ``window`` the emitter's passes took up (``drains`` sorted by start)."""
+    lo, hi = window
+    at = bisect.bisect_left(drains, (lo - 10**10, 0))  # passes last far under 10 s
+    total = 0
+    for start, end in drains[at:]:
+        if start >= hi:
+            break
+        total += max(0, min(end, hi) - max(start, lo))
+    return total
 
 
 def settle(inst: Any) -> None:
@@ -256,8 +297,11 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
     bare_cpu: list[int] = []
     inst_cpu: list[int] = []
     first: list[str] = []
+    bare_windows: list[tuple[int, int]] = []
+    inst_windows: list[tuple[int, int]] = []
     with instrument() as inst:
         switch = Switch(inst)
+        drains = watch_drains(inst.emitter)
         for _ in range(warmup):  # the run's start-up (exporter, sources) settles, instrumented
             step()
         switch.end_step()
@@ -272,14 +316,14 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
                 if arm == "bare":
                     switch.off()
                     for _ in range(block):
-                        w, c = timed_step(step, sync)
+                        w, c = timed_step(step, sync, windows=bare_windows)
                         wall, cpu = wall + w, cpu + c
                     bare_wall.append(wall // block)
                     bare_cpu.append(cpu // block)
                     switch.on()
                 else:
                     for _ in range(block):
-                        w, c = timed_step(step, sync, switch.end_step)
+                        w, c = timed_step(step, sync, switch.end_step, inst_windows)
                         wall, cpu = wall + w, cpu + c
                     inst_wall.append(wall // block)
                     inst_cpu.append(cpu // block)
@@ -287,9 +331,17 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
         settle(inst)
         after = background_cpu_s(exporter_pid)
     background = {k: after[k] - before.get(k, 0.0) for k in after}
+    passes = sorted(drains)
+
+    def per_arm(windows: list[tuple[int, int]]) -> list[int]:
+        # each arm's emitter-pass time inside its steps (a block's steps summed)
+        spans = [overlap_ns(w, passes) for w in windows]
+        return [sum(spans[i:i + block]) for i in range(0, len(spans), block)]
+
     return {"bare_wall_ns": bare_wall, "inst_wall_ns": inst_wall, "bare_cpu_ns": bare_cpu,
             "inst_cpu_ns": inst_cpu, "first": first, "elapsed_s": elapsed,
-            "background_s": background, "steps_recorded": inst.tracker.step, "block": block}
+            "background_s": background, "steps_recorded": inst.tracker.step, "block": block,
+            "bare_drain_ns": per_arm(bare_windows), "inst_drain_ns": per_arm(inst_windows)}
 
 
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +361,24 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         if len(idx) >= 2:
             by_order[which] = statistics.median(raw["inst_wall_ns"][i] / raw["bare_wall_ns"][i]
                                                 for i in idx)
+    # the emitter's passes inside the steps: how often, how long, and the pair ratio of
+    # the pairs that had none in either step (a pass holds the interpreter lock for its
+    # Python: a step that needs it meanwhile waits)
+    drains: dict[str, Any] = {}
+    if raw.get("bare_drain_ns") and len(raw["bare_drain_ns"]) == pairs:
+        for arm in ("bare", "inst"):
+            hit = [d for d in raw[f"{arm}_drain_ns"] if d > 0]
+            drains[f"{arm}_share"] = len(hit) / pairs
+            drains[f"{arm}_ms_per_step"] = sum(hit) / 1e6 / (pairs * block)
+        clear = [i for i in range(pairs)
+                 if raw["bare_drain_ns"][i] == 0 and raw["inst_drain_ns"][i] == 0]
+        drains["clear_pairs"] = len(clear)
+        if len(clear) >= 10:
+            free = stats.paired_ratio([raw["bare_wall_ns"][i] for i in clear],
+                                      [raw["inst_wall_ns"][i] for i in clear])
+            drains["clear_ratio"] = (free.median_ratio, free.ci_low, free.ci_high)
     return {
+        "drains": drains,
         "pairs": pairs, "ratio": ratio.median_ratio, "ci_low": ratio.ci_low,
         "ci_high": ratio.ci_high, "half_width": ratio.half_width,
         "bare_step_ms": bare_step_s * 1e3, "bare_cv": ratio.bare.cv,
@@ -355,6 +424,16 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
         ("**bound: pair ratio + threads' CPU / bare step [95% CI]**",
          f"**{res['bound']:.4f}** [{res['bound_ci'][0]:.4f}, {res['bound_ci'][1]:.4f}]"),
     ]
+    dr = res.get("drains") or {}
+    if "bare_share" in dr:
+        rows.append(("the emitter's passes inside the steps: share of bare / instrumented "
+                     "steps with one, ms of pass a step",
+                     f"{dr['bare_share']:.1%} / {dr['inst_share']:.1%}; "
+                     f"{dr['bare_ms_per_step']:.3f} / {dr['inst_ms_per_step']:.3f}"))
+        clear = dr.get("clear_ratio")
+        rows.append(("pair ratio of the pairs with no pass in either step [95% CI] (pairs)",
+                     (f"{clear[0]:.4f} [{clear[1]:.4f}, {clear[2]:.4f}]" if clear else "-")
+                     + f" ({dr['clear_pairs']})"))
     lines = [
         "# Step-paired overhead: instrumented and bare steps alternating in one run", "",
         f"`python bench/bench_step_pairs.py --device {args.device} --pairs {args.pairs}"

@@ -308,6 +308,37 @@ def test_step_pairs_quick_run_reports_the_ratio_and_its_bound(tmp_path: Path) ->
     assert len(data["raw"]["bare_wall_ns"]) == 20 and data["summary"]["pairs"] == 20
 
 
+def test_step_pairs_find_the_emitters_passes_inside_steps_and_leave_their_pairs_out(
+        ) -> None:
+    """The drain diagnostic: a pass that lands in a step is counted for that step's arm, and
+    the "clear" pair ratio is that of the pairs no pass touched. Passes and steps are planted
+    (the emitter's timing on a GPU host is what the device runs record): 40 pairs, the
+    instrumented step of every fourth pair 2% longer with a pass inside it."""
+    import importlib
+
+    pairs_mod = importlib.import_module("bench_step_pairs")
+    assert pairs_mod.overlap_ns((100, 200), [(50, 120), (150, 160), (190, 400), (500, 600)]
+                                ) == 20 + 10 + 10
+    assert pairs_mod.overlap_ns((100, 200), [(0, 100), (200, 300)]) == 0
+    n, step = 40, 1_000_000
+    raw = {"bare_wall_ns": [], "inst_wall_ns": [], "bare_cpu_ns": [0] * n,
+           "inst_cpu_ns": [0] * n, "first": ["bare"] * n, "elapsed_s": 1.0,
+           "background_s": {"otel-train-emitter": 0.0}, "steps_recorded": n, "block": 1,
+           "bare_drain_ns": [0] * n, "inst_drain_ns": []}
+    for i in range(n):
+        jitter = 1 + 0.001 * (i % 5)
+        raw["bare_wall_ns"].append(int(step * jitter))
+        hit = i % 4 == 0
+        raw["inst_wall_ns"].append(int(step * jitter * (1.02 if hit else 1.0)))
+        raw["inst_drain_ns"].append(20_000 if hit else 0)
+    summary = pairs_mod.summarise(raw)
+    drains = summary["drains"]
+    assert drains["inst_share"] == pytest.approx(0.25) and drains["bare_share"] == 0
+    assert drains["inst_ms_per_step"] == pytest.approx(0.02 * 10 / 40)
+    assert drains["clear_pairs"] == 30
+    assert drains["clear_ratio"][0] == pytest.approx(1.0)
+
+
 def test_step_pairs_parts_measure_every_variant_and_restore_the_sources(tmp_path: Path) -> None:
     import importlib
 
