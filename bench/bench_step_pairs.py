@@ -65,7 +65,6 @@ Recorded in ``bench/results/step-pairs-cpu.md`` (this VM) and ``step-pairs-h200-
 from __future__ import annotations
 
 import argparse
-import bisect
 import importlib
 import json
 import os
@@ -256,9 +255,8 @@ def watch_drains(emitter: Any) -> list[tuple[int, int]]:
 def overlap_ns(window: tuple[int, int], drains: list[tuple[int, int]]) -> int:
     """How much of ``window`` the emitter's passes took up (``drains`` sorted by start)."""
     lo, hi = window
-    at = bisect.bisect_left(drains, (lo - 10**10, 0))  # passes last far under 10 s
     total = 0
-    for start, end in drains[at:]:
+    for start, end in drains:
         if start >= hi:
             break
         total += max(0, min(end, hi) - max(start, lo))

@@ -20,6 +20,7 @@ the tests look up to check the line the report names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -409,21 +410,22 @@ def _block(start: tuple, end: tuple, extra: int) -> dict:
     return block
 
 
-_PLUGIN: list = []
+@functools.cache
+def _timed_plugin() -> object | None:
+    """otel-train's NCCL plugin as NCCL loaded it, when it times itself; else None."""
+    from otel_train import nccl
+
+    return nccl.loaded() if os.environ.get("OTEL_TRAIN_NCCL_SELF_TIME") == "1" else None
 
 
 def plugin_self_time() -> tuple[int, int] | None:
     """With OTEL_TRAIN_NCCL_SELF_TIME=1 (a measurement switch, read when NCCL loads the
     plugin): the thread CPU ns the plugin's callbacks have spent so far where NCCL enqueues
     (the training thread here), and how many; else None."""
-    if not _PLUGIN:
-        from otel_train import nccl
-
-        on = os.environ.get("OTEL_TRAIN_NCCL_SELF_TIME") == "1"
-        _PLUGIN.append(nccl.loaded() if on else None)
-    if _PLUGIN[0] is None:
+    plugin = _timed_plugin()
+    if plugin is None:
         return None
-    counts = _PLUGIN[0].self_time()
+    counts = plugin.self_time()  # type: ignore[attr-defined]
     return counts["callbacks_ns"], counts["callbacks"]
 
 
