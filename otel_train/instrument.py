@@ -100,6 +100,8 @@ class Instrumentation:
         self.flushed = True
         self._signal_name: str | None = None
         self._previous_sigterm: Any = None
+        self._stopping = False
+        self._sigterm_pending = False
 
     # --- public ----------------------------------------------------------------------
     @property
@@ -266,6 +268,15 @@ class Instrumentation:
             return
 
         def on_sigterm(signum: int, frame: Any) -> None:
+            if self._stopping:
+                # a stop under way (the run ended, or its own error ended it: torchrun
+                # signals the other ranks once one has failed, as they fail themselves):
+                # the flush goes on, and the process dies of the signal after it
+                if callable(previous):
+                    previous(signum, frame)
+                else:
+                    self._sigterm_pending = True
+                return
             self._signal_name = "SIGTERM"
             if callable(previous):
                 previous(signum, frame)
@@ -314,12 +325,20 @@ class Instrumentation:
         global _active
         if self._inert or not self._started:
             return
+        self._stopping = True  # first: a SIGTERM between the two lines waits for the flush
         self._started = False
         try:
             self._stop(exc)
         finally:
             with _active_lock:
                 _active = None
+            # the handler stays until the flush is over: a SIGTERM meanwhile waits for it
+            self._restore_sigterm()
+            self._stopping = False
+            if self._sigterm_pending:
+                self._sigterm_pending = False
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
 
     def _stop(self, exc: BaseException | None) -> None:
         assert self.tracker is not None and self.emitter is not None
@@ -327,7 +346,6 @@ class Instrumentation:
         cfg = self.config
         self.tracker.close()
         self._hooks.remove()
-        self._restore_sigterm()
         sources.stop_all(self._sources, self.log)
         end_perf = time.perf_counter_ns()
         deadline = time.monotonic() + cfg.shutdown_timeout_s

@@ -35,6 +35,8 @@ def run_failing(tmp_path: Path, fail: str) -> Path:
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
          str(SCRIPT), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    # kept beside the run: what each rank printed as it ended, for a failure's reader
+    (tmp_path / "torchrun.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     assert done.returncode != 0, "rank 1 failed: torchrun must say so"
     return tmp_path / "fates"
 

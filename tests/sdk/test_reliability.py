@@ -66,6 +66,23 @@ def test_sigterm_flushes_telemetry_and_ends_the_run_as_preempted(tmp_path):
     assert sum(s["name"] == semconv.SPAN_RANK_STEP for s in spans) >= 6
 
 
+def test_a_sigterm_during_the_flush_waits_for_it(tmp_path):
+    """torchrun stops the other ranks with SIGTERM once one has failed; those ranks are then
+    flushing after their own error (a peer's socket closed). The signal must not cut that
+    flush (seen in CI: two ranks with nothing exported but their first metrics): the rank
+    flushes, then dies of it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "support" / "sigterm_in_flush_train.py"),
+         str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM, (done.returncode, done.stderr[-2000:])
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    run = next((s for s in spans if s["name"] == semconv.SPAN_RUN), None)
+    assert run is not None, "the run span was not flushed"
+    assert run["attrs"][semconv.ATTR_STATUS] == "error", "the run ended on its own error"
+    assert sum(s["name"] == semconv.SPAN_RANK_STEP for s in spans) == 6
+
+
 def test_an_application_sigterm_handler_is_kept_and_chained(tmp_path):
     called = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: called.append(signum))
