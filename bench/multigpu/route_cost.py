@@ -134,9 +134,18 @@ def otel(block: dict) -> float:
     return block["otel_threads_cpu_s"] - edge_s(block)
 
 
-def plugin_callbacks(block: dict) -> float:
-    """CPU seconds of the plugin's callbacks where NCCL enqueues (OTEL_TRAIN_NCCL_SELF_TIME=1)."""
+def plugin_callbacks_gross(block: dict) -> float:
+    """CPU seconds of the plugin's callbacks where NCCL enqueues (OTEL_TRAIN_NCCL_SELF_TIME=1),
+    as timed: with the timer's own part (a thread-CPU clock read a callback)."""
     return block["plugin_callbacks_s"]
+
+
+def plugin_callbacks(block: dict) -> float:
+    """The same, net of the timer's own part: each callback's figure holds one empty timed
+    region (``plugin_timer_floor_ns``, measured in situ on the training thread), which the
+    untimed plugin does not pay."""
+    floor_ns = block.get("plugin_timer_floor_ns", 0.0)
+    return block["plugin_callbacks_s"] - block["plugin_callbacks"] * floor_ns / 1e9
 
 
 def thread(name: str) -> Callable[[dict], float]:
@@ -303,6 +312,9 @@ def arm_figures(rows_by_arm: dict[str, list[dict]]) -> dict[str, dict]:
             # auto_timed: the plugin's callbacks where NCCL enqueues, timed in situ (inside
             # py:main's CPU above, not beside it), per extra collective; and how many
             per[arm]["plugin_callbacks_pairs_us"] = marginal(rows, plugin_callbacks)
+            per[arm]["plugin_callbacks_gross_pairs_us"] = marginal(rows, plugin_callbacks_gross)
+            per[arm]["plugin_timer_floor_ns"] = statistics.median(
+                b.get("plugin_timer_floor_ns", 0.0) for t in triples(rows) for b in t)
             per[arm]["plugin_callbacks_per_collective"] = statistics.median(marginal(
                 rows, lambda b: b["plugin_callbacks"] / 1e6))
     arms = list(rows_by_arm)
@@ -316,6 +328,8 @@ def arm_figures(rows_by_arm: dict[str, list[dict]]) -> dict[str, dict]:
         per[arm]["otel_per_step"] = ci(per[arm]["otel_per_step_us"])
         if "plugin_callbacks_pairs_us" in per[arm]:
             per[arm]["plugin_callbacks_us"] = ci(per[arm]["plugin_callbacks_pairs_us"])
+            per[arm]["plugin_callbacks_gross_us"] = ci(
+                per[arm]["plugin_callbacks_gross_pairs_us"])
             # the parts measured exactly: otel-train's threads and the plugin's callbacks
             per[arm]["parts_pairs_us"] = [
                 a + b for a, b in zip(per[arm]["otel_threads_pairs_us"],
@@ -402,14 +416,19 @@ def markdown(results: list[dict], env: dict) -> str:
     if timed:
         lines += ["The plugin's callbacks where NCCL enqueues, timed in situ "
                   "(`OTEL_TRAIN_NCCL_SELF_TIME=1`: a part of the training thread's CPU, exact "
-                  "where the whole process's marginal is not), per extra collective; with "
+                  "where the whole process's marginal is not), per extra collective: as "
+                  "timed, and net of the timer's own part (one empty timed region a callback, "
+                  "measured on the training thread; 0 where the run predates it); with "
                   "otel-train's threads, the parts measured exactly (the `torch.distributed` "
                   "wrapper, ~1 us, is `bench/bench_collective_wrapper.py`'s):", "",
-                  "| ranks | arm | callbacks a collective | plugin callbacks, us / collective "
-                  "| otel-train's threads, us / collective | the two, us / collective |",
-                  "| --- | --- | --- | --- | --- | --- |"]
+                  "| ranks | arm | callbacks a collective | timer, ns a callback "
+                  "| plugin callbacks as timed, us / collective | net of the timer "
+                  "| otel-train's threads, us / collective | net callbacks + threads |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for ranks, arm, a in timed:
+            gross = a.get("plugin_callbacks_gross_us", a["plugin_callbacks_us"])
             lines.append(f"| {ranks} | {arm} | {a['plugin_callbacks_per_collective']:.2f} | "
+                         f"{a.get('plugin_timer_floor_ns', 0.0):.0f} | {fmt(gross)} | "
                          f"{fmt(a['plugin_callbacks_us'])} | {fmt(a['otel_threads_us'])} | "
                          f"{fmt(a['parts_us'])} |")
         lines.append("")

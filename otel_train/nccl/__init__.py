@@ -172,6 +172,16 @@ class Plugin:
         self._lib.otel_train_nccl_self_time(out)
         return {"callbacks_ns": out[0], "callbacks": out[1], "harvest_ns": out[2]}
 
+    def self_time_floor(self, n: int = 4000) -> float | None:
+        """The self-timing's own part of each timed callback (``self_time``): the mean thread
+        CPU ns of ``n`` empty timed regions, measured now on this thread; None where the
+        loaded library predates it."""
+        floor = getattr(self._lib, "otel_train_nccl_self_time_floor", None)
+        if floor is None:
+            return None
+        floor.restype, floor.argtypes = ctypes.c_uint64, (ctypes.c_uint64,)
+        return float(floor(n))
+
     def has_comms(self) -> bool:
         """Has NCCL made a communicator with the plugin (one C call, no copy)?"""
         return self._lib.otel_train_nccl_ncomms() > 0

@@ -238,6 +238,32 @@ assert totals["timing"] == "events" and totals["untimed"] == 1, totals
 """, plugin_file, timing="events")
 
 
+def test_self_timing_counts_the_enqueuing_callbacks_and_its_own_floor_is_below_them(
+        plugin_file):
+    """OTEL_TRAIN_NCCL_SELF_TIME=1 (a measurement switch, bench/multigpu/route_cost.py):
+    the task's start and stop are timed and counted (not the channels': NCCL's proxy thread
+    makes those), and the timer's own part of each (an empty timed region, measured on the
+    calling thread) is positive and below the mean timed callback, which holds one."""
+    _run_in_fresh_process("""
+import os
+os.environ["OTEL_TRAIN_NCCL_SELF_TIME"] = "1"  # read when NCCL first calls init
+fake = FakeNccl(PATH, nnodes=2)
+reader = nccl.Plugin(PATH)
+for seq in range(2000):
+    h = fake.start_coll(b"AllReduce", seq=seq, count=256, dtype=b"ncclFloat32")
+    fake.channel(h, 0, 10, 20)
+    fake.channel(h, 1, 10, 30)
+    fake.stop(h)
+    if seq % 256 == 255:
+        reader.read()
+timed = reader.self_time()
+assert timed["callbacks"] == 4000, timed  # start + stop of each task
+floor = reader.self_time_floor(4000)
+mean = timed["callbacks_ns"] / timed["callbacks"]
+assert 0 < floor < mean, (floor, mean)
+""", plugin_file)
+
+
 def test_auto_times_by_kernel_channels_while_every_communicator_spans_nodes(plugin_file):
     _run_in_fresh_process("""
 from test_nccl_plugin import KERNEL_LAUNCH, KERNEL_CH

@@ -26,7 +26,7 @@ COLLECTIVES = STEPS * EXTRA  # in a coll block
 
 
 def _block(kind: str, wall: float, main_s: float, otel_s: float, callbacks_s: float | None,
-           callbacks: int) -> dict:
+           callbacks: int, floor_ns: float | None = None) -> dict:
     block = {"kind": kind, "steps": STEPS, "extra": EXTRA if kind == "coll" else 0,
              "wall_s": wall, "otel_threads_cpu_s": otel_s, "process_cpu_s": main_s + otel_s,
              "threads_cpu_s": {"py:main": main_s, "py:otel-train-emitter": otel_s,
@@ -34,11 +34,13 @@ def _block(kind: str, wall: float, main_s: float, otel_s: float, callbacks_s: fl
     if callbacks_s is not None:
         block["plugin_callbacks_s"] = callbacks_s
         block["plugin_callbacks"] = callbacks
+        if floor_ns is not None:
+            block["plugin_timer_floor_ns"] = floor_ns
     return block
 
 
 def _rows(main_us: float, otel_us: float, callback_us: float | None, ranks: int = 2,
-          triples: int = 3) -> list[dict]:
+          triples: int = 3, floor_ns: float | None = None) -> list[dict]:
     """Blocks of ``ranks`` ranks: coll adds ``main_us`` on the training thread (the
     callbacks inside it), ``otel_us`` on the emitter a collective; pad is coll's length."""
     rows = []
@@ -48,12 +50,12 @@ def _rows(main_us: float, otel_us: float, callback_us: float | None, ranks: int 
             jitter = 1e-5 * (t + rank)  # the same in a triple's three blocks: it cancels
             timed = callback_us is not None
             blocks += [
-                _block("base", 1.0, 0.1 + jitter, 0.002, 0.004 if timed else None, 40),
+                _block("base", 1.0, 0.1 + jitter, 0.002, 0.004 if timed else None, 40, floor_ns),
                 _block("coll", 2.0, 0.1 + jitter + COLLECTIVES * main_us / 1e6,
                        0.002 + COLLECTIVES * otel_us / 1e6,
                        (0.004 + COLLECTIVES * callback_us / 1e6) if timed else None,
-                       40 + 2 * COLLECTIVES),
-                _block("pad", 2.0, 0.1 + jitter, 0.002, 0.004 if timed else None, 40),
+                       40 + 2 * COLLECTIVES, floor_ns),
+                _block("pad", 2.0, 0.1 + jitter, 0.002, 0.004 if timed else None, 40, floor_ns),
             ]
         rows.append({"rank": rank, "blocks": blocks})
     return rows
@@ -74,5 +76,27 @@ def test_the_plugins_callbacks_come_out_per_collective_beside_otel_trains_thread
     env = {"date": "d", "gpu": "g", "torch": "t", "nccl": "n", "python": "p", "commit": "c"}
     text = rc.markdown([{"ranks": 2, "extra": EXTRA, "block": STEPS, "arms": per}], env)
     row = next(line for line in text.splitlines() if line.startswith("| 2 | auto_timed | 2.00"))
-    assert "| 1.50 [1.50, 1.50] | 1.00 [1.00, 1.00] | 2.50 [2.50, 2.50] |" in row, row
+    assert ("| 0 | 1.50 [1.50, 1.50] | 1.50 [1.50, 1.50] | 1.00 [1.00, 1.00] "
+            "| 2.50 [2.50, 2.50] |") in row, row
     assert not rc.verdicts([{"ranks": 2, "arms": {"auto": timed}}])
+
+
+def test_the_timers_own_part_comes_off_each_callback() -> None:
+    """Each timed callback's figure holds one empty timed region (two thread-CPU clock reads,
+    a system call each) that the untimed plugin does not pay: with 2 callbacks a collective
+    and a 250 ns floor, 1.5 us as timed is 1.0 us net; the whole process's marginal is the
+    timed run's, untouched."""
+    rc = _route_cost()
+    per = rc.arm_figures({"bare": _rows(50.0, 0.0, None),
+                          "auto_timed": _rows(53.5, 1.0, 1.5, floor_ns=250.0)})
+    timed = per["auto_timed"]
+    assert timed["plugin_timer_floor_ns"] == pytest.approx(250.0)
+    assert timed["plugin_callbacks_gross_us"][0] == pytest.approx(1.5)
+    assert timed["plugin_callbacks_us"][0] == pytest.approx(1.0)
+    assert timed["parts_us"][0] == pytest.approx(2.0)
+    assert timed["added_pairs_us"][0] == pytest.approx(4.5)
+    env = {"date": "d", "gpu": "g", "torch": "t", "nccl": "n", "python": "p", "commit": "c"}
+    text = rc.markdown([{"ranks": 2, "extra": EXTRA, "block": STEPS, "arms": per}], env)
+    row = next(line for line in text.splitlines() if line.startswith("| 2 | auto_timed | 2.00"))
+    assert ("| 250 | 1.50 [1.50, 1.50] | 1.00 [1.00, 1.00] | 1.00 [1.00, 1.00] "
+            "| 2.00 [2.00, 2.00] |") in row, row
