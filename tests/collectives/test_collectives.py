@@ -477,6 +477,47 @@ def test_a_group_covered_whole_skips_its_collectives_and_no_other_group_does() -
     assert cap._whole == {id(covered_whole)}, cap._whole
 
 
+def test_the_group_look_ups_start_over_when_a_group_is_destroyed() -> None:
+    """The wrappers' look-ups are keyed by the group's id, the default group's by id(None):
+    a default group of a covered backend ("fake", standing in for NCCL as above), destroyed
+    and made again with gloo inside one capture, must have the new group's collectives
+    recorded, not passed on as the old one's were."""
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers "fake")
+
+    from otel_train.sources.collectives import capture as capture_mod
+
+    put: list[tuple] = []
+
+    class Tracker:
+        step, pending_end_ns = 0, None
+
+    cap = capture_mod.Capture(put.append, Tracker())
+    cap.skip_backends.add("fake")
+    original_destroy = dist.destroy_process_group
+    cap.wrap_functions()
+    assert dist.destroy_process_group is not original_destroy
+    t = torch.ones(3)
+    try:
+        dist.init_process_group("fake", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
+        for _ in range(2):
+            dist.all_reduce(t)  # covered whole: passed on, the default group noted
+        assert cap._whole == {id(None)}, cap._whole
+        dist.destroy_process_group()
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                world_size=1)
+        for _ in range(2):
+            dist.all_reduce(t)  # gloo: recorded
+        name = dist.group.WORLD.group_name
+    finally:
+        cap.remove()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    issued = [r[2] for r in put if r[2][0] == capture_mod.ISSUE]
+    assert [(rec[4], rec[5]) for rec in issued] == [("gloo", name)] * 2, issued
+    assert dist.destroy_process_group is original_destroy, "removed with the other wrappers"
+
+
 def structlog_stub():  # noqa: ANN201
     import structlog
 

@@ -260,7 +260,29 @@ class Capture:
             setattr(dist, api, wrapper)
             self._undo.append(lambda api=api, original=original: setattr(dist, api, original))
             wrapped.append(api)
+        self._wrap_destroy()
         return wrapped
+
+    def _wrap_destroy(self) -> None:
+        """After ``destroy_process_group`` the look-ups keyed by a group's id start over: the
+        default group may be made again with another backend under the same key (id(None)),
+        and a destroyed group's id may be a new group's. Never called inside a compiled
+        region (a graph holds no destroy), so no graph sees the replaced function."""
+        original = dist.__dict__.get("destroy_process_group")
+        if original is None or not callable(original):
+            return
+        caches = (self._groups, self._covered, self._whole)  # the objects the wrappers hold
+
+        @functools.wraps(original)
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return original(*args, **kwargs)
+            finally:
+                for cache in caches:
+                    cache.clear()
+
+        dist.destroy_process_group = destroy_process_group
+        self._undo.append(lambda: setattr(dist, "destroy_process_group", original))
 
     def _wrapper(self, api: str, op: str, size_param: str | None,
                  original: Callable[..., Any]) -> Callable[..., Any]:
