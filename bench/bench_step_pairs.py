@@ -65,6 +65,7 @@ Recorded in ``bench/results/step-pairs-cpu.md`` (this VM) and ``step-pairs-h200-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -275,12 +276,16 @@ def settle(inst: Any) -> None:
 
 
 def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed: int,
-               instrument: Callable[[], Any] | None = None, block: int = 1) -> dict[str, Any]:
+               instrument: Callable[[], Any] | None = None, block: int = 1,
+               emitter_parts: bool = False) -> dict[str, Any]:
     """Pairs of steps in one instrumented run (``instrument()`` makes its context manager;
     default settings by default). Ranks that call this with one seed switch the same steps.
     ``block`` > 1: each arm of a pair is that many steps in a row (their mean per step), so
     the hooks are switched once a block and the cold-cache price of switching them back on
-    falls on one step in ``block`` (as in a run where they are never off)."""
+    falls on one step in ``block`` (as in a run where they are never off).
+    ``emitter_parts``: the emitter's thread CPU by part as well (``bench/emitter_parts.py``,
+    its timers opened before ``instrument()``), per recorded step; its clock reads are in the
+    threads' figure and so in the bound."""
     model, opt, step, sync = workload
     if instrument is None:
         def instrument() -> Any:
@@ -297,7 +302,12 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
     first: list[str] = []
     bare_windows: list[tuple[int, int]] = []
     inst_windows: list[tuple[int, int]] = []
-    with instrument() as inst:
+    parts_cm: Any = contextlib.nullcontext({})
+    if emitter_parts:
+        import emitter_parts as parts_mod
+
+        parts_cm = parts_mod.timing_parts()
+    with parts_cm as parts, instrument() as inst:
         switch = Switch(inst)
         drains = watch_drains(inst.emitter)
         for _ in range(warmup):  # the run's start-up (exporter, sources) settles, instrumented
@@ -336,10 +346,13 @@ def paired_run(workload: Workload, pairs: int, warmup: int, out_dir: Path, seed:
         spans = [overlap_ns(w, passes) for w in windows]
         return [sum(spans[i:i + block]) for i in range(0, len(spans), block)]
 
-    return {"bare_wall_ns": bare_wall, "inst_wall_ns": inst_wall, "bare_cpu_ns": bare_cpu,
-            "inst_cpu_ns": inst_cpu, "first": first, "elapsed_s": elapsed,
-            "background_s": background, "steps_recorded": inst.tracker.step, "block": block,
-            "bare_drain_ns": per_arm(bare_windows), "inst_drain_ns": per_arm(inst_windows)}
+    out = {"bare_wall_ns": bare_wall, "inst_wall_ns": inst_wall, "bare_cpu_ns": bare_cpu,
+           "inst_cpu_ns": inst_cpu, "first": first, "elapsed_s": elapsed,
+           "background_s": background, "steps_recorded": inst.tracker.step, "block": block,
+           "bare_drain_ns": per_arm(bare_windows), "inst_drain_ns": per_arm(inst_windows)}
+    if emitter_parts:
+        out["emitter_parts"] = parts_mod.table(parts, max(inst.tracker.step, 1))
+    return out
 
 
 def summarise(raw: dict[str, Any]) -> dict[str, Any]:
@@ -390,6 +403,7 @@ def summarise(raw: dict[str, Any]) -> dict[str, Any]:
         "bound": ratio.median_ratio + added, "bound_ci": (ratio.ci_low + added,
                                                           ratio.ci_high + added),
         "ratio_by_first_arm": by_order, "elapsed_s": raw["elapsed_s"],
+        "emitter_parts": raw.get("emitter_parts"),
         "steps_recorded": raw["steps_recorded"], "block": block,
     }
 
@@ -436,12 +450,22 @@ def markdown(res: dict[str, Any], env: dict[str, Any], args: argparse.Namespace,
         "# Step-paired overhead: instrumented and bare steps alternating in one run", "",
         f"`python bench/bench_step_pairs.py --device {args.device} --pairs {args.pairs}"
         f"{f' --block {args.block}' if args.block > 1 else ''}"
-        f"{' --quick' if args.quick else ''}`; default settings (every step sampled, "
+        f"{' --quick' if args.quick else ''}"
+        f"{' --emitter-parts' if getattr(args, 'emitter_parts', False) else ''}`; default "
+        "settings (every step sampled, "
         "file exporter); each step timed between two synchronisations.", "",
         stats.environment_markdown(env), "",
         stats.markdown_table(["measure", "value"], rows), "",
         "Targets (issue 15, on CUDA): " + "; ".join(t.describe() for t in TARGETS) + ".", "",
     ]
+    parts = res.get("emitter_parts")
+    if parts:
+        import emitter_parts as parts_mod
+
+        lines += ["The emitter by part (`--emitter-parts`: thread CPU of each part a recorded "
+                  "step, nested parts inside their callers; the parts' own clock reads are in "
+                  "the threads' figure above, and so in the bound):", "", "```",
+                  *parts_mod.lines(parts), "```", ""]
     if missed is None:
         lines.append("verdict: no target on the CPU (the run checks the method)")
     else:
@@ -544,6 +568,9 @@ def main() -> int:
                              "block; default 1: every step)")
     parser.add_argument("--arms", default=None,
                         help="--parts: the variants, comma-separated (default by device)")
+    parser.add_argument("--emitter-parts", action="store_true",
+                        help="the paired run also times the emitter's thread CPU by part "
+                             "(bench/emitter_parts.py; its clock reads count in the bound)")
     args = parser.parse_args()
     arms = tuple(a for a in (args.arms or "").split(",") if a) or (
         CUDA_PART_ARMS if args.device == "cuda" else PART_ARMS)
@@ -554,6 +581,8 @@ def main() -> int:
         parser.error("--pairs must be at least 10 (a CI needs pairs)")
     if args.block < 1 or (args.parts and args.block > 1):
         parser.error("--block must be at least 1, and is for the paired run (not --parts)")
+    if args.parts and args.emitter_parts:
+        parser.error("--emitter-parts is for the paired run (not --parts)")
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here")
     warmup = args.warmup if args.warmup is not None else (20 if args.device == "cuda" else 200)
@@ -573,7 +602,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         raw = paired_run(workload, args.pairs, warmup, Path(tmp), args.seed,
-                         block=args.block)
+                         block=args.block, emitter_parts=args.emitter_parts)
     res = summarise(raw)
     missed = stats.verdict(res, TARGETS) if args.device == "cuda" else None
     text = markdown(res, env, args, missed)

@@ -3,7 +3,8 @@
 # device's Python, its equivalence test, the GPU tests, then step pairs on CUDA (default
 # settings, so the C tracker) and on the host's CPU by part (C against Python tracker).
 # Everything lands under $OUT. Carry `.whl` (docs/gpu.md: the cp312 wheels otel-train needs).
-#   PAIRS (1000; 0 skips the pairs), CPU_ROUNDS (6; 0 skips the CPU parts), TEST_TIMEOUT (200 s; TESTS=0 skips
+#   PAIRS (1000; 0 skips the pairs; PAIRS_ARGS more arguments, e.g. --emitter-parts; PAIRS_TIMEOUT
+#   330 s), CPU_ROUNDS (6; 0 skips the CPU parts), TEST_TIMEOUT (200 s; TESTS=0 skips
 #   the tests), CUDA_ROUNDS (0; N: N rounds of CUDA pairs by part, C against Python tracker),
 #   WAKEUP_STEPS (0; N: bench/gil_wakeups.py over N CUDA steps, 2 rounds)
 set -u
@@ -24,8 +25,8 @@ timeout "${TEST_TIMEOUT:-200}" python3 -m pytest tests/gpu -q -p no:cacheprovide
 echo "gpu tests rc=$?"; tail -4 "$OUT/pytest-gpu.txt"
 fi
 if [ "${PAIRS:-1000}" -gt 0 ]; then
-  timeout 330 python3 bench/bench_step_pairs.py --device cuda --pairs "${PAIRS:-1000}" \
-    --out "$OUT/step-pairs-cuda.md" --json "$OUT/step-pairs-cuda.json" > "$OUT/pairs.log" 2>&1
+  timeout "${PAIRS_TIMEOUT:-330}" python3 bench/bench_step_pairs.py --device cuda --pairs "${PAIRS:-1000}" \
+    ${PAIRS_ARGS:-} --out "$OUT/step-pairs-cuda.md" --json "$OUT/step-pairs-cuda.json" > "$OUT/pairs.log" 2>&1
   echo "pairs rc=$?"; grep -E 'pair ratio, median|bound:|threads here|verdict' "$OUT/step-pairs-cuda.md"
 fi
 if [ "${CUDA_ROUNDS:-0}" -gt 0 ]; then

@@ -308,6 +308,30 @@ def test_step_pairs_quick_run_reports_the_ratio_and_its_bound(tmp_path: Path) ->
     assert len(data["raw"]["bare_wall_ns"]) == 20 and data["summary"]["pairs"] == 20
 
 
+def test_step_pairs_emitter_parts_give_each_recorded_steps_emit_and_its_listeners(
+        tmp_path: Path) -> None:
+    """``--emitter-parts``: the paired run also times the emitter by part; each recorded
+    step is emitted once (``emit_step`` one call a step), its listeners inside it cost less
+    than it, and the table is in the report."""
+    out = tmp_path / "pairs.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "bench_step_pairs.py"), "--pairs", "20",
+         "--warmup", "5", "--emitter-parts", "--out", str(out), "--json",
+         str(tmp_path / "pairs.json")],
+        env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parts = json.loads((tmp_path / "pairs.json").read_text())["summary"]["emitter_parts"]
+    emit = parts["emit_step (with listeners)"]
+    assert emit["calls_per_step"] == pytest.approx(1.0), emit  # 25 recorded, 25 emitted
+    assert emit["us_per_step"] > 0
+    inside = [v["us_per_step"] for k, v in parts.items() if k.startswith("before ")]
+    assert inside and sum(inside) < emit["us_per_step"], parts
+    text = out.read_text()
+    assert "The emitter by part (`--emitter-parts`" in text
+    assert "emit_step (with listeners)" in text
+
+
 def test_step_pairs_find_the_emitters_passes_inside_steps_and_leave_their_pairs_out(
         ) -> None:
     """The drain diagnostic: a pass that lands in a step is counted for that step's arm, and
