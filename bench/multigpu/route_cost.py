@@ -145,7 +145,7 @@ def plugin_callbacks(block: dict) -> float:
     region (``plugin_timer_floor_ns``, measured in situ on the training thread), which the
     untimed plugin does not pay."""
     floor_ns = block.get("plugin_timer_floor_ns", 0.0)
-    return block["plugin_callbacks_s"] - block["plugin_callbacks"] * floor_ns / 1e9
+    return plugin_callbacks_gross(block) - block["plugin_callbacks"] * floor_ns / 1e9
 
 
 def thread(name: str) -> Callable[[dict], float]:

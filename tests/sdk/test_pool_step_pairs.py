@@ -4,6 +4,7 @@ git repository made here)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -14,7 +15,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+@functools.cache
 def _pool_module():  # noqa: ANN202
+    """bench/pool_step_pairs.py, loaded once (it imports its sibling bench modules)."""
     import sys
 
     sys.path.insert(0, str(REPO / "bench"))
