@@ -319,10 +319,20 @@ def test_prometheus_has_the_contract_metrics_for_every_rank(pipeline):
     phases = {r["metric"][semconv.PROM_PHASE_LABEL] for r in prom.query(
         f'{semconv.PROM_PHASE_DURATION}_count{{training_run_id="{run_id}"}}')}
     assert phases >= set(semconv.TIMED_PHASES)
-    steps = prom.query(f'max by (training_rank) ({semconv.PROM_STEP_DURATION}_count'
-                       f'{{training_run_id="{run_id}",job="otel-train"}})')
-    assert {r["metric"]["training_rank"]: float(r["value"][1]) for r in steps} == \
-        {str(r): 100.0 for r in range(RANKS)}
+    # Every step reaches Prometheus. The collector's endpoint shows the run's final export
+    # only from the scrape after it arrived, so poll until it does (a scrape a second); a
+    # lost step keeps the count below 100 and fails at the deadline with the last counts.
+    want = {str(r): 100.0 for r in range(RANKS)}
+
+    def step_counts() -> dict[str, float]:
+        steps = prom.query(f'max by (training_rank) ({semconv.PROM_STEP_DURATION}_count'
+                           f'{{training_run_id="{run_id}",job="otel-train"}})')
+        counts = {r["metric"]["training_rank"]: float(r["value"][1]) for r in steps}
+        if counts != want:
+            raise AssertionError(f"step counts {counts}, want {want}")
+        return counts
+
+    wait_for("every rank's 100 steps in Prometheus", step_counts, 30, on_timeout=prom.log_tail)
 
 
 def test_exemplars_resolve_to_exported_traces(pipeline):
