@@ -132,6 +132,21 @@ def code_kind(filename: str) -> int:
 MAX_KINDS = 65536
 
 
+_ANONYMOUS = frozenset({"<genexpr>", "<listcomp>", "<setcomp>", "<dictcomp>", "<lambda>"})
+
+
+def named_top(stack: tuple[Frame, ...]) -> tuple[str, str] | None:
+    """(function, file) of the innermost frame of ``stack`` that is not a generator
+    expression, comprehension or lambda (``<genexpr>``, or ``f.<locals>.<genexpr>`` from
+    Python 3.11): one is part of the function (or module) around it, and a loop's host
+    work is sampled in either in turn. The innermost frame where every one is such; None
+    for no frame."""
+    for function, file, _ in stack:
+        if function.rpartition(".")[2] not in _ANONYMOUS:
+            return function, file
+    return stack[0][:2] if stack else None
+
+
 def user_frames(frame: Any, kinds: dict[int, tuple[Any, int]]) -> tuple[Frame, ...]:
     """The innermost user frames of a stack, innermost first, up to ``STACK_DEPTH``; the walk
     stops at otel-train's own hooks and the DataLoader iterator's ``__next__`` (what lies
@@ -226,9 +241,9 @@ class GapSource:
         self.aim: int | None = None
         self._aim_misses = 0
         self._aimed = False  # the next look is an aimed one
-        #: the innermost user frame of the last sample, and the (function, file) of the
-        #: aimed looks' samples: which, and how many in a row (settled at AIM_SETTLED)
-        self._last_top: Frame | None = None
+        #: the user frames of the last sample, and the (function, file) of the aimed looks'
+        #: samples: which, and how many in a row (settled at AIM_SETTLED)
+        self._last_stack: tuple[Frame, ...] = ()
         self._aim_top: tuple[str, str] | None = None
         self._aim_same = 0
         #: the overrun alarm (a file descriptor; None where the tracker cannot move one),
@@ -409,11 +424,12 @@ class GapSource:
 
     def _settle(self, found: tuple[int, int | None] | None) -> None:
         """Count the aimed looks in a row that sampled the recurring stretch in one function
-        (not one line: host work in a loop is sampled at its lines in turn; a look that
-        found no stretch, landed beside it, counts neither way)."""
+        (not one line: host work in a loop is sampled at its lines in turn; nor a generator
+        expression, comprehension or lambda inside it: :func:`named_top`; a look that found
+        no stretch, landed beside it, counts neither way)."""
         if found is None or found[1] is None:
             return
-        top = self._last_top[:2] if self._last_top is not None else None
+        top = named_top(self._last_stack)
         if top is not None and top == self._aim_top:
             self._aim_same += 1
         else:
@@ -478,7 +494,7 @@ class GapSource:
             return None
         stack = user_frames(frame, self._kinds)
         del frame
-        self._last_top = stack[0] if stack else None
+        self._last_stack = stack
         worker = torch_compat.waited_worker(tracker.data_iter) if phase == DATA_WAIT else None
         self.samples.append((now, stack, worker))
         return since

@@ -6,6 +6,7 @@ emitter sleeps: tests/collectives/test_collectives.py.)"""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -86,8 +87,21 @@ def slow_stretch(seconds: float) -> None:
         sum(i * 0.5 for i in range(200))
 
 
+def slow_stretch_split(seconds: float) -> None:
+    """The same, half its time in the function's own loop and half in a generator
+    expression's frame, in turns of ~1 ms: a look samples either, about as often."""
+    end = time.perf_counter() + seconds
+    while (now := time.perf_counter()) < end:
+        turn = now + 0.0005
+        while time.perf_counter() < turn:
+            pass
+        turn += 0.0005
+        any(time.perf_counter() >= turn for _ in iter(int, 1))  # iter(int, 1): endless
+
+
 def _stretched_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                    idle_s: float = 0.0, stretch_s: float = 0.0) -> None:
+                    idle_s: float = 0.0, stretch_s: float = 0.0,
+                    stretch: Callable[[float], None] = slow_stretch) -> None:
     """A step: a forward, ``idle_s`` inside no phase, the loss's forward, ``stretch_s`` of
     host work between forward and backward, the backward and the optimizer's step."""
     with torch.no_grad():
@@ -96,7 +110,7 @@ def _stretched_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch
         time.sleep(idle_s)
     loss = model(x).sum()
     if stretch_s:
-        slow_stretch(stretch_s)
+        stretch(stretch_s)
     loss.backward()
     opt.step()
     opt.zero_grad()
@@ -359,17 +373,22 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
     assert str(gap.get(semconv.ATTR_CODE_FUNCTION)).startswith("slow_stretch"), gap
 
 
+@pytest.mark.parametrize("stretch", [slow_stretch, slow_stretch_split])
 def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_every_step(
-        tmp_path):
+        tmp_path, stretch):
     """An 80 ms host stretch in every ~100 ms step: once three aimed looks in a row sampled
     it in one function, the sampler looks about once a second (the alarm watches for overruns
     meanwhile), and every step's stretch is named to that line: by its own samples, or by
-    the last sampled one of its segment, with the step that was sampled in."""
+    the last sampled one of its segment, with the step that was sampled in. A stretch that
+    runs half in a generator expression inside its function settles the same: a look that
+    lands in either is in that function (once, a look that landed in the function's own
+    frame after ones in its generator expression started the count again, at 5 looks a
+    second, and CI measured 1.7 a second)."""
     model, opt = _model()
     x = torch.randn(2, 4)
 
     def step() -> None:
-        _stretched_step(model, opt, x, stretch_s=0.08)
+        _stretched_step(model, opt, x, stretch_s=0.08, stretch=stretch)
 
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="settled") as inst:
         gaps = _gap_source(inst)
@@ -383,7 +402,9 @@ def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_
             step()
         rate = (gaps.wakeups - woke) / (time.monotonic() - start)
         last = inst.tracker.step
-    assert rate <= 1.5, rate  # about one a second (ALARM_FLOOR_S)
+    # about one a second (ALARM_FLOOR_S); the alarm's rings are shown: a step of a loaded
+    # machine may overrun for real
+    assert rate <= 1.5, (rate, gaps.alarms, gaps._aim_same)
     own = carried = 0
     for s in _rank_steps(tmp_path / "settled"):
         number = int(s["attrs"][semconv.ATTR_STEP])
@@ -439,3 +460,16 @@ def test_an_alarm_descriptor_replaced_under_the_sampler_is_dropped_not_spun_on(t
         assert inst.tracker._alarm_fd == -1
         assert internal_errors.snapshot().get("gaps", 0) == errors + 1
     assert rate <= 1 / inst.config.gap_sample_s + 1.0, rate
+
+
+def test_a_sample_in_a_generator_expression_or_lambda_counts_as_its_function():
+    """The function a look settles on: a generator expression, comprehension or lambda is
+    part of the function around it, as Python 3.10 (bare ``<genexpr>``) and 3.11+
+    (qualified) name them; a module's own code is itself; an empty stack is none."""
+    named = gap_sampler.named_top
+    f = ("train.py", 0)
+    assert named((("step.<locals>.<genexpr>", *f), ("step", *f), ("main", *f))) == ("step", f[0])
+    assert named((("<genexpr>", *f), ("<lambda>", *f), ("step", *f))) == ("step", f[0])
+    assert named((("<listcomp>", *f), ("<module>", *f))) == ("<module>", f[0])
+    assert named((("<lambda>", *f),)) == ("<lambda>", f[0])
+    assert named(()) is None
