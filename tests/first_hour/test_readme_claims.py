@@ -331,6 +331,56 @@ def test_prometheus_endpoint_binds_loopback_unless_opened(monkeypatch, tmp_path,
 # --- the hot path: a full buffer ------------------------------------------------------------
 
 
+def _fill_then_append(run_dir: Path, appends: int, out: dict[str, Any]) -> None:
+    """The training thread of one attempt: 20 steps into a 32-record buffer the emitter
+    does not drain, then ``appends`` timed appends into it; what it saw lands in ``out``."""
+    model, opt, loader = training.setup(batches=20)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with otel_train.instrument(model, output_dir=run_dir, queue_size=32) as inst:
+            # an emitter that cannot keep up (a fault not caused for real here: a filling
+            # buffer wakes the emitter, tests/sdk/test_wakeups.py): not woken
+            inst.recorder.wake = None
+            # the pass the start's log line woke, where it did: let it end first
+            emitter, deadline = inst.emitter, time.monotonic() + 5.0
+            while not emitter.wakeups and time.monotonic() < deadline:
+                time.sleep(0.001)
+            out["passes_before"] = emitter.wakeups
+            out["steps"] = training.train(model, opt, loader)  # 6+ records a step
+            rec = inst.recorder
+            out["full"] = (len(rec), rec.capacity)
+            before = rec.dropped[semconv.SIGNAL_SPANS]
+            record = (PHASE, inst.tracker.step, "forward", 0, 1, 2, 3)
+            put, clock = rec.put, time.perf_counter_ns
+            durations = []
+            started = clock()
+            for _ in range(appends):
+                t0 = clock()
+                put(record)
+                durations.append(clock() - t0)
+            out["total_s"] = (clock() - started) / 1e9
+            out["durations"] = durations
+            out["dropped_by_appends"] = rec.dropped[semconv.SIGNAL_SPANS] - before
+            out["still_full"] = len(rec)
+    # the emitter has stopped (asserted by the caller): every pass it began is counted
+    out["emitter_alive"] = emitter.alive()
+    out["quiet"] = emitter.wakeups == out["passes_before"]
+    out["inst"] = inst
+    out["warnings"] = [str(w.message) for w in caught]
+
+
+def _full_buffer_attempt(run_dir: Path, appends: int) -> dict[str, Any]:
+    """One attempt on its own thread, so that an append that waited fails at the join."""
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=_fill_then_append, args=(run_dir, appends, out),
+                              name="readme-training", daemon=True)
+    thread.start()
+    thread.join(timeout=240)
+    assert not thread.is_alive(), "the training thread blocked"
+    assert not out["emitter_alive"], "the emitter outlived instrument()"
+    return out
+
+
 def test_a_full_buffer_never_blocks_the_training_threads_append(monkeypatch, tmp_path):
     """README: "the training thread only appends tuples to a bounded buffer ... a full
     buffer ... drops and counts telemetry instead of slowing a step"; Configuration:
@@ -350,54 +400,9 @@ def test_a_full_buffer_never_blocks_the_training_threads_append(monkeypatch, tmp
     monkeypatch.setenv("OTEL_TRAIN_EMIT_INTERVAL_MS", "600000")  # drained only at exit
     appends = 20_000
 
-    def attempt(run_dir: Path) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-
-        def training_thread() -> None:
-            model, opt, loader = training.setup(batches=20)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                with otel_train.instrument(model, output_dir=run_dir, queue_size=32) as inst:
-                    # an emitter that cannot keep up (a fault not caused for real here: a
-                    # filling buffer wakes the emitter, tests/sdk/test_wakeups.py): not woken
-                    inst.recorder.wake = None
-                    # the pass the start's log line woke, where it did: let it end first
-                    emitter, deadline = inst.emitter, time.monotonic() + 5.0
-                    while not emitter.wakeups and time.monotonic() < deadline:
-                        time.sleep(0.001)
-                    out["passes_before"] = emitter.wakeups
-                    out["steps"] = training.train(model, opt, loader)  # 6+ records a step
-                    rec = inst.recorder
-                    out["full"] = (len(rec), rec.capacity)
-                    before = rec.dropped[semconv.SIGNAL_SPANS]
-                    record = (PHASE, inst.tracker.step, "forward", 0, 1, 2, 3)
-                    put, clock = rec.put, time.perf_counter_ns
-                    durations = []
-                    started = clock()
-                    for _ in range(appends):
-                        t0 = clock()
-                        put(record)
-                        durations.append(clock() - t0)
-                    out["total_s"] = (clock() - started) / 1e9
-                    out["durations"] = durations
-                    out["dropped_by_appends"] = rec.dropped[semconv.SIGNAL_SPANS] - before
-                    out["still_full"] = len(rec)
-            # the emitter has stopped (asserted below): every pass it began is counted
-            out["emitter_alive"] = inst.emitter.alive()
-            out["quiet"] = inst.emitter.wakeups == out["passes_before"]
-            out["inst"] = inst
-            out["warnings"] = [str(w.message) for w in caught]
-
-        thread = threading.Thread(target=training_thread, name="readme-training", daemon=True)
-        thread.start()
-        thread.join(timeout=240)
-        assert not thread.is_alive(), "the training thread blocked"
-        assert not out["emitter_alive"], "the emitter outlived instrument()"
-        return out
-
     for n in range(5):
         run_dir = tmp_path / f"attempt-{n}"
-        out = attempt(run_dir)
+        out = _full_buffer_attempt(run_dir, appends)
         if out["quiet"]:
             break
     assert out["quiet"], "the emitter made a pass during the measured window in 5 attempts"
