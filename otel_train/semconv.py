@@ -169,6 +169,55 @@ METRIC_CPU_THROTTLED_TIME = "training.cpu.throttled.time"
 METRIC_UNTIMED_TIME = "training.untimed.time"
 ATTR_UNTIMED_PART = "training.untimed.part"
 METRIC_MFU = "training.mfu"
+#: One account of a step's time (otel_train/partition.py, docs/telemetry.md "The step's
+#: parts"): each rank-step's wall time split into disjoint parts that sum to it. On
+#: train.rank_step as ``training.rank_step.part.<part>`` (seconds), and as the counter
+#: ``training.step.time`` by ``training.part``, whose sum over parts equals the sum of
+#: ``training.step.duration``. Every surface (demo, report, HTML, dashboards) reads these.
+ATTR_PART = "training.part"
+ATTR_RANK_STEP_PART_PREFIX = "training.rank_step.part."
+METRIC_STEP_TIME = "training.step.time"
+PART_DATA_WAIT = PHASE_DATA_WAIT
+#: the compute phases' own time: the phase's span less the exposed communication and the
+#: compile time inside it
+PART_FORWARD = PHASE_FORWARD
+PART_BACKWARD = PHASE_BACKWARD
+PART_OPTIMIZER = PHASE_OPTIMIZER
+#: communication in flight while no compute phase ran, or while the host was blocked in a
+#: synchronous collective (inside the phases, or between them)
+PART_EXPOSED_COMM = PHASE_EXPOSED_COMM
+PART_COMPILE = PHASE_COMPILE
+#: outside every phase: the host blocked on the device, the host busy, the rest
+PART_DEVICE_WAIT = PHASE_DEVICE_WAIT
+PART_HOST_BUSY = PHASE_HOST_BUSY
+PART_NOT_EXPLAINED = "not_explained"
+#: every part, in the order every surface shows them
+PARTS = (PART_DATA_WAIT, PART_FORWARD, PART_BACKWARD, PART_OPTIMIZER, PART_EXPOSED_COMM,
+         PART_COMPILE, PART_DEVICE_WAIT, PART_HOST_BUSY, PART_NOT_EXPLAINED)
+#: Goodput (docs/telemetry.md "Goodput"): a rank's run split into productive time and
+#: named losses, the counter ``training.goodput.time`` by ``training.goodput.bucket``
+METRIC_GOODPUT_TIME = "training.goodput.time"
+ATTR_GOODPUT_BUCKET = "training.goodput.bucket"
+#: the compute parts of steady (not warm-up) steps
+GOODPUT_PRODUCTIVE = "productive"
+#: the rank's start to its first step (process group init, model build, loader start)
+GOODPUT_STARTUP = "startup"
+#: compile time, in any step
+GOODPUT_COMPILE = "compile"
+#: the warm-up steps' time other than compile (the first step, a step that compiled)
+GOODPUT_WARMUP = "warmup"
+GOODPUT_DATA_WAIT = "data_wait"
+GOODPUT_EXPOSED_COMM = "exposed_comm"
+#: the host blocked on its device (on NCCL: waiting for a late rank, found at the next sync)
+GOODPUT_DEVICE_WAIT = "device_wait"
+#: steady steps' time outside the phases: host work (loss, logging) and what is not explained
+GOODPUT_OUTSIDE_PHASES = "outside_phases"
+#: between one step's end and the next one's start (eval, checkpoints outside the step)
+GOODPUT_BETWEEN_STEPS = "between_steps"
+#: the buckets, productive first
+GOODPUT_BUCKETS = (GOODPUT_PRODUCTIVE, GOODPUT_STARTUP, GOODPUT_COMPILE, GOODPUT_WARMUP,
+                   GOODPUT_DATA_WAIT, GOODPUT_EXPOSED_COMM, GOODPUT_DEVICE_WAIT,
+                   GOODPUT_OUTSIDE_PHASES, GOODPUT_BETWEEN_STEPS)
 METRIC_TELEMETRY_DROPPED = "otel_train.telemetry.dropped"
 #: exceptions otel-train caught on its hook paths so that training goes on (by component)
 METRIC_INTERNAL_ERRORS = "otel_train.internal.errors"
@@ -403,6 +452,15 @@ _DEFINITIONS = (
            "Time outside every phase, by training.untimed.part: device_wait (the host "
            "blocked on the device, still running earlier work) and host_busy (the host's own "
            "work while the device had caught up); the rest of it is not explained."),
+    # emitter/steps.py (otel_train/partition.py)
+    Metric(METRIC_STEP_TIME, COUNTER, "s",
+           "Step time per rank, by training.part: the disjoint parts each step is split into "
+           "(data_wait, forward, backward, optimizer, exposed_comm, compile, device_wait, "
+           "host_busy, not_explained); summed over parts it is training.step.duration's sum."),
+    Metric(METRIC_GOODPUT_TIME, COUNTER, "s",
+           "A rank's run time by training.goodput.bucket: productive (steady steps' compute) "
+           "and the named losses (startup, compile, warmup, data_wait, exposed_comm, "
+           "device_wait, outside_phases, between_steps)."),
     # sources/gpu/mfu.py
     Metric(METRIC_THROUGHPUT_SAMPLES, GAUGE, "{sample}/s",
            "Samples per second over the last step."),
@@ -523,6 +581,10 @@ PROM_TOKENS = prom(METRIC_TOKENS)
 PROM_TELEMETRY_DROPPED = prom(METRIC_TELEMETRY_DROPPED)
 PROM_UNTIMED_TIME = prom(METRIC_UNTIMED_TIME)  # training_untimed_time_seconds_total
 PROM_UNTIMED_PART_LABEL = prometheus_label(ATTR_UNTIMED_PART)
+PROM_STEP_TIME = prom(METRIC_STEP_TIME)  # training_step_time_seconds_total
+PROM_PART_LABEL = prometheus_label(ATTR_PART)  # training_part
+PROM_GOODPUT_TIME = prom(METRIC_GOODPUT_TIME)  # training_goodput_time_seconds_total
+PROM_GOODPUT_BUCKET_LABEL = prometheus_label(ATTR_GOODPUT_BUCKET)
 PROM_CPU_THROTTLED = prom(METRIC_CPU_THROTTLED_TIME)  # training_cpu_throttled_time_seconds_total
 PROM_RANK_LABEL = prometheus_label(ATTR_RANK)  # training_rank
 PROM_PHASE_LABEL = prometheus_label(ATTR_PHASE)

@@ -36,9 +36,12 @@ from otel_train.analysis.otlp import (
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
 
-#: a rank's step time that no phase span covers (e.g. user code between the phases)
+#: a rank's step time that no phase span covers (e.g. user code between the phases): its
+#: parts device_wait, host_busy and not_explained, added
 UNTIMED = "untimed"
-#: phases in the order the report shows them
+#: the report's columns of a rank step, in the order it shows them: the parts of the step's
+#: partition (otel_train/partition.py), disjoint and adding up to the step, with the three
+#: parts outside the phases added into ``UNTIMED`` (``StepTable.untimed_parts`` splits it)
 PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
@@ -54,9 +57,43 @@ _PHASE_TOTALS = tuple(sc.ATTR_PHASE_TOTAL_PREFIX + p for p in PHASES if p != UNT
 #: the parts of untimed time (sources/gaps.py): the host blocked on the device, the host
 #: busy; what is left of it is not explained
 UNTIMED_PARTS = (sc.PHASE_DEVICE_WAIT, sc.PHASE_HOST_BUSY)
-NOT_EXPLAINED = "not_explained"
+NOT_EXPLAINED = sc.PART_NOT_EXPLAINED
 #: phases whose GPU time a GPU run records on its rank steps (sources/gpu/cuda_timing.py)
 GPU_PHASES = (sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHASE_OPTIMIZER)
+#: the rank_step attribute of each part of the step's partition
+_PART_KEYS = {part: sc.ATTR_RANK_STEP_PART_PREFIX + part for part in sc.PARTS}
+
+
+def step_parts(attrs: dict[str, Any], duration: float) -> dict[str, float]:
+    """A rank step's time as the report's columns (``PHASES``: disjoint, summing to
+    ``duration``) and the untimed time's parts (``UNTIMED_PARTS``), from its decoded
+    attributes.
+
+    A step recorded with its parts (``training.rank_step.part.*``, otel_train/partition.py)
+    is read as it is. One recorded before them has only the phases' totals, in which the
+    exposed communication and compile time lie inside the compute phases: the excess of the
+    totals over the step is taken out of forward, backward and optimizer in proportion, so
+    that the columns still add up to the step."""
+    get = attrs.get
+    if get(_PART_KEYS[sc.PART_FORWARD]) is not None or get(_PART_KEYS[sc.PART_DATA_WAIT]) \
+            is not None:
+        parts = {part: float(get(key, 0.0)) for part, key in _PART_KEYS.items()}
+        out = {phase: parts[phase] for phase in PHASES if phase != UNTIMED}
+        out[UNTIMED] = sum(parts[p] for p in (*UNTIMED_PARTS, NOT_EXPLAINED))
+        out.update({p: parts[p] for p in UNTIMED_PARTS})
+        return out
+    out = {phase: float(get(key, 0.0)) for phase, key in zip(PHASES, _PHASE_TOTALS,
+                                                              strict=False)}
+    excess = sum(out.values()) - duration
+    compute = sum(out[p] for p in GPU_PHASES)
+    if excess > 0 and compute > 0:
+        keep = max(compute - excess, 0.0) / compute
+        for phase in GPU_PHASES:
+            out[phase] *= keep
+    out[UNTIMED] = max(duration - sum(out.values()), 0.0)
+    for part in UNTIMED_PARTS:
+        out[part] = float(get(sc.ATTR_PHASE_TOTAL_PREFIX + part, 0.0))
+    return out
 
 
 def _sum(values: array) -> float:
@@ -155,16 +192,11 @@ class StepTable:
         duration = float(attrs.get(sc.ATTR_STEP_DURATION, attrs.get(
             sc.ATTR_LEGACY_NAMES[sc.ATTR_STEP_DURATION], duration_s)))
         self.durations.append(duration)
-        timed = 0.0
-        for column, key in zip(self.phases.values(), _PHASE_TOTALS, strict=False):
-            seconds = float(attrs.get(key, 0.0))
-            column.append(seconds)
-            timed += seconds
-        # below a millisecond it is clock noise, not work nobody timed
-        untimed = duration - timed
-        self.phases[UNTIMED].append(untimed if untimed > 1e-3 else 0.0)
+        parts = step_parts(attrs, duration)
+        for phase, column in self.phases.items():
+            column.append(parts[phase])
         for part, column in self.untimed_parts.items():
-            column.append(float(attrs.get(sc.ATTR_PHASE_TOTAL_PREFIX + part, 0.0)))
+            column.append(parts[part])
         for phase, column in self.gpu_phases.items():
             column.append(float(attrs.get(sc.ATTR_PHASE_GPU_TOTAL_PREFIX + phase, 0.0)))
 

@@ -143,6 +143,11 @@ def _rank_step_spans(spec: RunSpec, step: int, rs: RankStep) -> list[dict[str, A
     attrs = {**common, sc.ATTR_WORLD_SIZE: spec.ranks, sc.ATTR_MICRO_BATCHES: spec.micro_batches,
              sc.ATTR_STEP_DURATION: (rs.end_ns - rs.start_ns) / 1e9}
     attrs.update({sc.ATTR_PHASE_TOTAL_PREFIX + k: v for k, v in rs.phases.items()})
+    # the step's partition, as the SDK records it: here the phases are disjoint already
+    duration = (rs.end_ns - rs.start_ns) / 1e9
+    parts = {part: rs.phases.get(part, 0.0) for part in sc.PARTS}
+    parts[sc.PART_NOT_EXPLAINED] = max(duration - sum(parts.values()), 0.0)
+    attrs.update({sc.ATTR_RANK_STEP_PART_PREFIX + k: v for k, v in parts.items()})
     spans = [_span(sc.SPAN_RANK_STEP, tid, sid, _hex(8, run, "step", step, "root"),
                    rs.start_ns, rs.end_ns, attrs)]
     t = rs.start_ns
