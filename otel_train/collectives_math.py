@@ -93,10 +93,19 @@ def exposed_and_total(comm: list[Interval], blocking: list[Interval],
     ``comm``: every collective in flight; ``blocking``: the synchronous ones (the issuing
     thread is blocked in them, so computes nothing); ``compute``: the forward, backward and
     optimizer phases. Exposed = in flight while nothing computes."""
+    exposed, total = exposed_intervals(comm, blocking, compute, lo, hi)
+    return measure(exposed), total
+
+
+def exposed_intervals(comm: list[Interval], blocking: list[Interval],
+                      compute: list[Interval], lo: int, hi: int
+                      ) -> tuple[list[Interval], int]:
+    """The exposed communication of :func:`exposed_and_total` as intervals, with the total
+    communication ns: where in the step it lay (the step's parts need it, step_time.py)."""
     in_flight = clip(union(comm), lo, hi)
     if not in_flight:
-        return 0, 0
+        return [], 0
     busy = union(compute)
     if blocking:  # none on the NCCL plugin's route: subtracting nothing leaves ``busy``
         busy = subtract(busy, union(blocking))
-    return measure(subtract(in_flight, busy)), measure(in_flight)
+    return subtract(in_flight, busy), measure(in_flight)

@@ -25,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import sampling
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
-from otel_train import identity, semconv
+from otel_train import identity, semconv, step_time
 from otel_train.identity import Identity
 from otel_train.wire import CtxTuple
 from otel_train.wire import step as wire_step
@@ -36,6 +36,9 @@ _SAMPLED_INT = int(_SAMPLED)
 _UNSAMPLED = TraceFlags(0)
 
 StepListener = Callable[[StepRecord], None]
+#: the gap sampler's split of the time outside the phases (sources/gaps.py), on the rank step
+_OUTSIDE_TOTALS = tuple((part, semconv.ATTR_PHASE_TOTAL_PREFIX + part)
+                        for part in (semconv.PART_DEVICE_WAIT, semconv.PART_HOST_BUSY))
 
 
 def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
@@ -97,6 +100,10 @@ class StepAssembly:
         #: (end on the perf_counter clock, step) of the last steps the training thread
         #: finished, held or emitted: which step a moment belonged to (step_at)
         self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
+        #: where the rank's run began for goodput (epoch ns), and its last step's end (perf
+        #: ns; None before the first): the time before a step is start-up or between steps
+        self._run_start_ns = step_time.run_start_ns(time.time_ns())
+        self._last_end: int | None = None
 
     # --- the tracker's records --------------------------------------------------------
     def on_phase(self, record: tuple[Any, ...]) -> None:
@@ -233,6 +240,7 @@ class StepAssembly:
             phase_intervals=[(r[2], r[3], r[4], r[5]) for r in phases])
         for listener in self.pre_step_listeners:
             self._call_listener(listener, info)
+        self._account(info, start, end)
         # The step's spans, log and points are made where spans are built (the exporter
         # process by default: wire/step.py); here only their plain values.
         if sampled:
@@ -257,13 +265,30 @@ class StepAssembly:
         except Exception as err:
             self._swallowed(err, "")
 
+    def _account(self, info: StepRecord, start: int, end: int) -> None:
+        """The step's parts and goodput (otel_train/step_time.py), once every listener has
+        added what it measured: the one place a step's time is divided."""
+        offset, extra = self.offset, info.extra_attributes
+        outside = {part: int(extra.get(key, 0.0) * 1e9) for part, key in _OUTSIDE_TOTALS}
+        ns = step_time.partition(
+            start, end, [(r[0], r[2], r[3]) for r in info.phase_intervals],
+            info.exposed_intervals, [(a - offset, b - offset) for a, b in info.compile_intervals],
+            outside)
+        info.parts = parts = {part: v / 1e9 for part, v in ns.items()}
+        first = self._last_end is None
+        before = start + offset - self._run_start_ns if first else start - self._last_end
+        info.goodput = step_time.goodput(
+            parts, first or ns[semconv.PART_COMPILE] > 0, before / 1e9,
+            semconv.GOODPUT_STARTUP if first else semconv.GOODPUT_BETWEEN_STEPS)
+        self._last_end = end
+
     def _after_step(self, info: StepRecord, duration_s: float) -> None:
         trace_id, rank_span_id = info.trace_id, info.rank_step_span_id
         if self.prometheus is not None:
             exemplar = ({"trace_id": f"{trace_id:032x}", "span_id": f"{rank_span_id:016x}"}
                         if info.sampled else None)
             self.prometheus.observe_step(duration_s, info.phase_totals, info.samples,
-                                         info.tokens, exemplar)
+                                         info.tokens, exemplar, info.parts, info.goodput)
         for listener in self.step_listeners:
             self._call_listener(listener, info)
         if self._console_debug:

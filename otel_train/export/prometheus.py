@@ -43,16 +43,27 @@ class PrometheusEndpoint:
         self.dropped = _counter(semconv.METRIC_TELEMETRY_DROPPED,
                                 (*_LABELS, semconv.prometheus_label(semconv.ATTR_SIGNAL)), reg)
         self.cpu_throttled = _counter(semconv.METRIC_CPU_THROTTLED_TIME, _LABELS, reg)
+        self.parts = _counter(semconv.METRIC_STEP_TIME, (*_LABELS, semconv.PROM_PART_LABEL), reg)
+        self.goodput = _counter(semconv.METRIC_GOODPUT_TIME,
+                                (*_LABELS, semconv.PROM_GOODPUT_BUCKET_LABEL), reg)
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero from the start, so increase() sees the first drop
             self.dropped.labels(**self._labels, signal=signal)
         self._server, self._thread = start_http_server(port, addr=addr, registry=reg)
 
     def observe_step(self, duration_s: float, phases: dict[str, float], samples: int,
-                     tokens: int, exemplar: dict[str, str] | None) -> None:
+                     tokens: int, exemplar: dict[str, str] | None,
+                     parts: dict[str, float] | None = None,
+                     goodput: dict[str, float] | None = None) -> None:
         self.step.labels(**self._labels).observe(duration_s, exemplar)
         for phase, seconds in phases.items():
             self.phase.labels(**self._labels, training_phase=phase).observe(seconds, exemplar)
+        for part, seconds in (parts or {}).items():
+            if seconds:  # as the OTLP counter: a part's series appears where it holds time
+                self.parts.labels(**self._labels, training_part=part).inc(seconds)
+        for bucket, seconds in (goodput or {}).items():
+            if seconds:
+                self.goodput.labels(**self._labels, training_goodput_bucket=bucket).inc(seconds)
         if samples:
             self.samples.labels(**self._labels).inc(samples)
         if tokens:

@@ -38,7 +38,8 @@ class PhaseRow(NamedTuple):
 
 #: the instruments a step records into, in :func:`emit`'s order
 INSTRUMENTS = (semconv.METRIC_STEP_DURATION, semconv.METRIC_PHASE_DURATION,
-               semconv.METRIC_SAMPLES, semconv.METRIC_TOKENS)
+               semconv.METRIC_SAMPLES, semconv.METRIC_TOKENS, semconv.METRIC_STEP_TIME,
+               semconv.METRIC_GOODPUT_TIME)
 
 
 @dataclasses.dataclass(eq=False)
@@ -67,6 +68,11 @@ class StepRecord:
     extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: events of the train.rank_step span as (name, epoch ns, attributes) (sources/gaps.py)
     events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
+    #: the step's time split into disjoint parts that add up to it, seconds by part
+    #: (otel_train/step_time.py; made once the listeners have run)
+    parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: what the step adds to the rank's goodput buckets, seconds by bucket
+    goodput: dict[str, float] = dataclasses.field(default_factory=dict)
 
     # --- the emitter thread's working state: never sent -----------------------------------
     #: the train.rank_step span's context (``trace_id``, ``rank_step_span_id``, ``sampled``)
@@ -86,6 +92,11 @@ class StepRecord:
     #: step's GPU times are not known (a CPU run, events unresolved): set by
     #: sources/gpu/cuda_timing.py, read by sources/gaps.py
     gpu_ends: list[tuple[int, int]] | None = None
+    #: the step's exposed communication, perf_counter ns intervals (the collectives' route:
+    #: sources/collectives/assembly.py), and its compilations, wall-clock ns intervals
+    #: (sources/compile): what the step's parts are made of
+    exposed_intervals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    compile_intervals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # what crosses to the exporter process: the wire fields, in WIRE_FIELDS' order, the
@@ -98,7 +109,8 @@ class StepRecord:
 #: the fields that cross the process boundary, in the order they are pickled
 WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord)
                     if f.name not in ("rank_step_context", "phase_spans", "phase_intervals",
-                                      "phase_overrides", "exemplar", "gpu_ends"))
+                                      "phase_overrides", "exemplar", "gpu_ends",
+                                      "exposed_intervals", "compile_intervals"))
 
 
 #: a record's wire values, in WIRE_FIELDS' order (one C call)
@@ -115,18 +127,27 @@ def _from_wire(values: list[Any]) -> StepRecord:
 
 def lost(record: StepRecord) -> tuple[int, int, int]:
     """(spans, metric points, logs) the record would have made: counted when it is lost."""
-    points = 1 + len(record.phase_totals) + bool(record.samples) + bool(record.tokens)
+    points = (1 + len(record.phase_totals) + bool(record.samples) + bool(record.tokens)
+              + _nonzero(record.parts) + _nonzero(record.goodput))
     if not record.sampled:
         return 0, points, 0
     return (record.rank == 0) + 1 + len(record.phases), points, 1
 
 
+def _nonzero(values: dict[str, float]) -> int:
+    return sum(1 for v in values.values() if v)
+
+
 def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., Any],
          step_hist: Callable[..., Any], phase_hist: Callable[..., Any],
          samples_ctr: Callable[..., Any], tokens_ctr: Callable[..., Any],
+         parts_ctr: Callable[..., Any] | None = None,
+         goodput_ctr: Callable[..., Any] | None = None,
          observed_ns: int = 0) -> None:
     """Make the step's telemetry with a Pipeline's ``span`` and ``emit_log`` and the
-    ``record``/``add`` of its step-duration, phase-duration, samples and tokens instruments."""
+    ``record``/``add`` of its step-duration, phase-duration, samples, tokens, step-time
+    (by part) and goodput (by bucket) instruments (``INSTRUMENTS``' order). A part or bucket
+    the step has no time in adds nothing: its series appears where it holds time."""
     rank_ctx = SpanContext(record.trace_id, record.rank_step_span_id, False,
                            _SAMPLED if record.sampled else _UNSAMPLED)
     if record.sampled:
@@ -141,11 +162,20 @@ def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., A
         samples_ctr(record.samples, base)
     if record.tokens:
         tokens_ctr(record.tokens, base)
+    if parts_ctr is not None:
+        for part, seconds in record.parts.items():
+            if seconds:
+                parts_ctr(seconds, {**base, semconv.ATTR_PART: part})
+    if goodput_ctr is not None:
+        for bucket, seconds in record.goodput.items():
+            if seconds:
+                goodput_ctr(seconds, {**base, semconv.ATTR_GOODPUT_BUCKET: bucket})
     if record.sampled:
         attributes: dict[str, Any] = {
             semconv.LOG_STEP: record.step, semconv.LOG_PHASE: "step",
             semconv.LOG_DURATION: step_s,
             **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in record.phase_totals.items()},
+            **{semconv.ATTR_RANK_STEP_PART_PREFIX + p: s for p, s in record.parts.items()},
             semconv.LOG_RUN_ID: record.run_id, semconv.LOG_RANK: record.rank,
         }
         emit_log(record.end_ns, observed_ns or record.end_ns, rank_ctx, SeverityNumber.INFO,
@@ -169,6 +199,7 @@ def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) 
         semconv.ATTR_SAMPLES: record.samples,
         semconv.ATTR_TOKENS: record.tokens,
         **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in record.phase_totals.items()},
+        **{semconv.ATTR_RANK_STEP_PART_PREFIX + p: s for p, s in record.parts.items()},
         **record.extra_attributes,
     }
     span(semconv.SPAN_RANK_STEP, root_ctx, record.start_ns, record.end_ns, rank_attrs,

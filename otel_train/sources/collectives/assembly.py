@@ -49,7 +49,9 @@ class Assembly:
         count whole."""
         lo, hi = info.start_ns - self.offset, info.end_ns - self.offset
         compute = [(s, e) for phase, _, s, e in info.phase_intervals if phase in _COMPUTE]
-        exposed, total = collectives_math.exposed_and_total(comm, blocking, compute, lo, hi)
+        intervals, total = collectives_math.exposed_intervals(comm, blocking, compute, lo, hi)
+        exposed = collectives_math.measure(intervals)
+        info.exposed_intervals.extend(intervals)
         info.phase_totals[semconv.PHASE_EXPOSED_COMM] = (
             info.phase_totals.get(semconv.PHASE_EXPOSED_COMM, 0.0) + exposed / 1e9)
         if total > 0:

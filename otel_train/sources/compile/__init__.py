@@ -247,9 +247,9 @@ class CompileSource:
         keep = []
         for comp in self._pending:
             if comp.step is not None and comp.step <= info.step:
-                seconds = self._emit(comp, self._step_parent(comp.step))
-                if comp.step == info.step:
-                    total += seconds
+                interval = self._emit(comp, self._step_parent(comp.step))
+                if comp.step == info.step and interval is not None:
+                    total += self._add_interval(info, interval)
             else:
                 keep.append(comp)
         self._pending = keep
@@ -259,9 +259,9 @@ class CompileSource:
                 step = self._step_at(rec.start_ns)
                 comp = Compilation((rec.compile_id, rec.kind), "untracked", step, record=rec)
                 parent = self._step_parent(step) if step is not None else self._run_parent()
-                seconds = self._emit(comp, parent)
-                if step == info.step:
-                    total += seconds
+                interval = self._emit(comp, parent)
+                if step == info.step and interval is not None:
+                    total += self._add_interval(info, interval)
             else:
                 unpaired.append(rec)
         self._unpaired = unpaired
@@ -269,6 +269,12 @@ class CompileSource:
             totals = info.phase_totals
             totals[semconv.PHASE_COMPILE] = totals.get(semconv.PHASE_COMPILE, 0.0) + total
         self._consistency()
+
+    @staticmethod
+    def _add_interval(info: Any, interval: tuple[int, int]) -> float:
+        """A compilation of the step: its interval for the step's parts, its seconds."""
+        info.compile_intervals.append(interval)
+        return max(0, interval[1] - interval[0]) / 1e9
 
     def _step_at(self, wall_ns: int) -> int | None:
         for step, start, end, _ in reversed(self._steps):
@@ -297,7 +303,9 @@ class CompileSource:
         self._unpaired = []
 
     # --- emitter thread: one span ------------------------------------------------------
-    def _emit(self, comp: Compilation, parent: SpanContext) -> float:
+    def _emit(self, comp: Compilation, parent: SpanContext) -> tuple[int, int] | None:
+        """The compilation's span, point and log; its (start, end), wall-clock ns, or None
+        where its times are not known."""
         emitter, rec = self.ctx.emitter, comp.record
         if comp.start_perf is not None and comp.end_perf is not None:
             start, end = emitter.wall(comp.start_perf), emitter.wall(comp.end_perf)
@@ -305,7 +313,7 @@ class CompileSource:
             start = rec.start_ns
             end = start + (rec.duration_ns or 0)
         else:
-            return 0.0
+            return None
         if rec is None:
             self._emitted_without_record.append(comp.key)
         attrs = self._span_attributes(comp, rec)
@@ -320,7 +328,7 @@ class CompileSource:
                                             attrs[semconv.ATTR_COMPILE_TRIGGER]},
                                   context=exemplar)
         self._log(comp, attrs, parent, span_ctx, seconds)
-        return seconds
+        return start, end
 
     def _span_attributes(self, comp: Compilation, rec: records.CompileRecord | None) -> dict:
         trigger = comp.trigger.lower()

@@ -1,0 +1,126 @@
+"""One account of a step's time: each rank-step's wall time split into disjoint parts that
+sum to it, and a rank's run split into goodput buckets (docs/telemetry.md, "The step's parts"
+and "Goodput").
+
+The parts of a step come from intervals on one clock, each instant of the step given to one
+part, first match wins:
+
+1. ``compile``: a torch.compile compilation ran (it lies inside forward, mostly);
+2. ``exposed_comm``: a collective was in flight while no compute phase ran, or while the host
+   was blocked in a synchronous one (as ``collectives_math.exposed_and_total`` defines it);
+3. the phase the host was in: ``data_wait``, ``forward``, ``backward``, ``optimizer`` (what
+   is left of a compute phase is its own compute);
+4. outside every phase: ``device_wait`` and ``host_busy`` as the gap sampler measured them
+   (sources/gaps.py), capped to what is left, and ``not_explained``, the rest.
+
+So the parts are disjoint by construction and add up to the step to the nanosecond; the
+overlap of communication with compute stays a ratio (``training.comm.overlap``), never a
+part. Pure functions: no torch, no OpenTelemetry; the emitter thread calls them once a step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Mapping
+
+from otel_train import semconv as sc
+from otel_train.collectives_math import Interval, clip, measure, subtract, union
+
+#: the phases in the order an instant inside several of them is given to one
+_PHASE_ORDER = (sc.PHASE_DATA_WAIT, sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHASE_OPTIMIZER)
+_COMPUTE = (sc.PART_FORWARD, sc.PART_BACKWARD, sc.PART_OPTIMIZER)
+
+
+def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
+              exposed: Iterable[Interval] = (), compiles: Iterable[Interval] = (),
+              outside: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The step ``[lo, hi)`` (ns, one clock) split into ``semconv.PARTS``, in ns.
+
+    ``phases``: (phase, start, end) of the step's phase spans; ``exposed``: the intervals of
+    exposed communication; ``compiles``: the compilations; ``outside``: ns of the time
+    outside the phases the host was blocked on the device (``device_wait``) or busy
+    (``host_busy``). Every part is present (0 where none); the values add up to ``hi - lo``.
+    """
+    parts = dict.fromkeys(sc.PARTS, 0)
+    if hi <= lo:
+        return parts
+    compiling = clip(union(compiles), lo, hi)
+    comm = subtract(clip(union(exposed), lo, hi), compiling)
+    taken = union(compiling + comm)
+    parts[sc.PART_COMPILE] = measure(compiling)
+    parts[sc.PART_EXPOSED_COMM] = measure(comm)
+    by_phase: dict[str, list[Interval]] = {}
+    for phase, start, end in phases:
+        by_phase.setdefault(phase, []).append((start, end))
+    covered: list[Interval] = []  # the phases given out so far, and what was taken
+    for phase in (*_PHASE_ORDER, *sorted(set(by_phase) - set(_PHASE_ORDER))):
+        spans = by_phase.get(phase)
+        if not spans:
+            continue
+        own = subtract(subtract(clip(union(spans), lo, hi), covered), taken)
+        covered = union(covered + clip(union(spans), lo, hi))
+        if phase in parts:
+            parts[phase] += measure(own)
+        else:  # a phase the contract does not know yet: its time stays accounted for
+            parts[sc.PART_NOT_EXPLAINED] += measure(own)
+    left = measure(subtract(subtract([(lo, hi)], covered), taken))
+    outside = outside or {}
+    device = min(max(int(outside.get(sc.PART_DEVICE_WAIT, 0)), 0), left)
+    busy = min(max(int(outside.get(sc.PART_HOST_BUSY, 0)), 0), left - device)
+    parts[sc.PART_DEVICE_WAIT] = device
+    parts[sc.PART_HOST_BUSY] = busy
+    parts[sc.PART_NOT_EXPLAINED] += left - device - busy
+    return parts
+
+
+def goodput(parts: Mapping[str, float], warmup: bool, before_s: float,
+            before_bucket: str = sc.GOODPUT_BETWEEN_STEPS) -> dict[str, float]:
+    """A step's contribution to the goodput buckets (``semconv.GOODPUT_BUCKETS``), seconds:
+    its parts, and the ``before_s`` seconds since the rank's previous step ended (or since
+    the process started, for the first step: ``before_bucket`` startup). A warm-up step's
+    time other than compile is all ``warmup``; a steady step's compute is ``productive``."""
+    out = dict.fromkeys(sc.GOODPUT_BUCKETS, 0.0)
+    out[before_bucket] += max(before_s, 0.0)
+    out[sc.GOODPUT_COMPILE] += parts.get(sc.PART_COMPILE, 0.0)
+    if warmup:
+        out[sc.GOODPUT_WARMUP] += sum(v for k, v in parts.items() if k != sc.PART_COMPILE)
+        return out
+    out[sc.GOODPUT_PRODUCTIVE] += sum(parts.get(p, 0.0) for p in _COMPUTE)
+    out[sc.GOODPUT_DATA_WAIT] += parts.get(sc.PART_DATA_WAIT, 0.0)
+    out[sc.GOODPUT_EXPOSED_COMM] += parts.get(sc.PART_EXPOSED_COMM, 0.0)
+    out[sc.GOODPUT_DEVICE_WAIT] += parts.get(sc.PART_DEVICE_WAIT, 0.0)
+    out[sc.GOODPUT_OUTSIDE_PHASES] += (parts.get(sc.PART_HOST_BUSY, 0.0)
+                                       + parts.get(sc.PART_NOT_EXPLAINED, 0.0))
+    return out
+
+
+_process_start_taken = False
+
+
+def run_start_ns(instrumented_ns: int) -> int:
+    """Where a rank's run begins for goodput (epoch ns): its process's start, for the first
+    instrumented run of the process (so that process-group init and model building count
+    as start-up), else ``instrumented_ns`` (a later ``instrument()`` in the same process)."""
+    global _process_start_taken
+    if _process_start_taken:
+        return instrumented_ns
+    _process_start_taken = True
+    started = _process_start_ns()
+    return started if started is not None and started <= instrumented_ns else instrumented_ns
+
+
+def _process_start_ns() -> int | None:
+    """This process's start (epoch ns) from /proc (Linux), None elsewhere."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            stat = f.read()
+        ticks = int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22: starttime
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        hz = os.sysconf("SC_CLK_TCK")
+        started = boot * 10**9 + ticks * 10**9 // hz
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+    # btime is whole seconds: a start "after now" would be the rounding, not the truth
+    return min(started, time.time_ns())
