@@ -7,6 +7,11 @@ from grafana_foundation_sdk.builders import dashboard as dash
 from . import kit, names
 
 UID = "otel-train-attribution"
+#: the display name of a trace's duration in Tempo's search results (Grafana's Tempo data
+#: source: field traceDuration, displayNameFromDS "Duration", in milliseconds)
+TEMPO_DURATION = "Duration"
+#: traces the slowest-steps table asks Tempo for (its search returns matches, not the slowest)
+SLOWEST_LIMIT = 100
 
 
 def _step_time(board: dash.Dashboard) -> None:
@@ -43,27 +48,48 @@ def _step_time(board: dash.Dashboard) -> None:
     )
 
 
+def part_share() -> str:
+    """Each part's share of the selected ranks' step time: the parts are disjoint and add up
+    to the step time (training_step_time_seconds_total by training_part; its sum over parts is
+    the step histogram's sum), so the shares add up to 100%."""
+    s = kit.sel()
+    return (
+        f"sum by ({names.PART}) ({kit.rate(names.STEP_TIME, s)})"
+        f" / ignoring({names.PART}) group_left"
+        f" sum({kit.rate(names.STEP + '_sum', s)})"
+    )
+
+
+def per_rank_part(part: str, window: str = "$__rate_interval") -> str:
+    """A rank's seconds per second in one part; 0 (not absent) where the rank reports parts
+    but not this one (a CPU run never blocks on a device)."""
+    selector = kit.sel(f'{names.PART}="{part}"')
+    return (
+        f"(sum by ({names.RANK}) ({kit.rate(names.STEP_TIME, selector, window)})"
+        f" or sum by ({names.RANK}) ({kit.rate(names.STEP_TIME, kit.sel(), window)}) * 0)"
+    )
+
+
 def _breakdown(board: dash.Dashboard) -> None:
     s = kit.sel()
     board.with_row(
         dash.Row(
-            "Where the time goes: data wait, forward, backward, optimizer, exposed comm, compile"
+            "Where the time goes: data wait, forward, backward, optimizer, exposed comm, "
+            "compile, and the time outside the phases"
         )
     )
     board.with_panel(
         kit.series(
-            "Step-time breakdown: share of wall time per phase",
-            "Seconds spent in each phase per second of wall time, summed over selected "
-            "ranks and divided by the ranks' step seconds: a share of total time, so a "
-            "growing data_wait or exposed_comm band is the attribution.",
-            [
-                kit.prom(
-                    f"sum by ({names.PHASE}) ({kit.rate(names.PHASE_DURATION + '_sum', s)})"
-                    f" / ignoring({names.PHASE}) group_left"
-                    f" sum({kit.rate(names.STEP + '_sum', s)})",
-                    "{{" + names.PHASE + "}}",
-                )
-            ],
+            "Step-time breakdown: share of step time per part (adds up to 100%)",
+            "Each step's wall time is split into disjoint parts (training_step_time_seconds_total "
+            "by training_part): data_wait, forward, backward, optimizer (the compute phases' own "
+            "time, less the exposed communication and compile inside them), exposed_comm, "
+            "compile, device_wait (the host blocked on its device), host_busy (the host's own "
+            "work outside the phases) and not_explained (what nothing holds). Seconds per part "
+            "per second, summed over the selected ranks and divided by their step seconds: the "
+            "bands add up to 100%, so a growing data_wait or exposed_comm band is the "
+            "attribution.",
+            [kit.prom(part_share(), "{{" + names.PART + "}}")],
             unit="percentunit",
             stacked=True,
         )
@@ -103,33 +129,25 @@ def _breakdown(board: dash.Dashboard) -> None:
         )
     )
     per_rank_step = f"sum by ({names.RANK}) ({kit.rate(names.STEP + '_sum', s)})"
-    per_rank_phases = f"sum by ({names.RANK}) ({kit.rate(names.PHASE_DURATION + '_sum', s)})"
-
-    def part(name: str) -> str:
-        selector = kit.sel(f'{names.UNTIMED_PART}="{name}"')
-        return f"sum by ({names.RANK}) ({kit.rate(names.UNTIMED, selector)})"
-
+    rank = "rank {{" + names.RANK + "}}"
     board.with_panel(
         kit.series(
-            "Untimed time per rank: host blocked on the device, host busy, not explained",
-            "The time outside every phase, as a share of each rank's step time, split "
-            "(training_untimed_time_seconds_total by training_untimed_part): blocked on the "
-            "device is a host waiting for its GPU, which was still running earlier work (on "
-            "NCCL, a collective waiting for a late rank: the report names that rank and its "
-            "line); host busy is user code while the device had caught up (its line is in "
-            "the rank_step span's training.gap events); not explained is what no phase or "
-            "part holds. A rank whose host-busy band rises while the others' blocked band "
-            "rises with it is the straggler.",
+            "Outside the phases per rank: host blocked on the device, host busy, not explained",
+            "The parts of each rank's step time outside every phase, as shares of its step "
+            "time (training_step_time_seconds_total, training_part device_wait, host_busy and "
+            "not_explained): blocked on the device is a host waiting for its GPU, which was "
+            "still running earlier work (on NCCL, a collective waiting for a late rank: the "
+            "report names that rank and its line); host busy is user code while the device had "
+            "caught up (its line is in the rank_step span's training.gap events); not explained "
+            "is the time no phase or part holds. A rank whose host-busy band rises while the "
+            "others' blocked band rises with it is the straggler.",
             [
-                # a CPU run never blocks on a device: 0, not an empty panel
-                kit.prom(f"({part('device_wait')} or {part('host_busy')} * 0) / {per_rank_step}",
-                         "rank {{" + names.RANK + "}} blocked on device", "A"),
-                kit.prom(f"{part('host_busy')} / {per_rank_step}",
-                         "rank {{" + names.RANK + "}} host busy", "B"),
-                kit.prom(
-                    f"clamp_min(1 - ({per_rank_phases} + ({part('device_wait')} or "
-                    f"{part('host_busy')} * 0) + {part('host_busy')}) / {per_rank_step}, 0)",
-                    "rank {{" + names.RANK + "}} not explained", "C"),
+                kit.prom(f"{per_rank_part(names.PART_DEVICE_WAIT)} / {per_rank_step}",
+                         f"{rank} blocked on device", "A"),
+                kit.prom(f"{per_rank_part(names.PART_HOST_BUSY)} / {per_rank_step}",
+                         f"{rank} host busy", "B"),
+                kit.prom(f"{per_rank_part(names.PART_NOT_EXPLAINED)} / {per_rank_step}",
+                         f"{rank} not explained", "C"),
             ],
             unit="percentunit",
             width=24,
@@ -160,15 +178,35 @@ def _efficiency(board: dash.Dashboard) -> None:
     s = kit.sel()
     board.with_row(dash.Row("Throughput and efficiency"))
     board.with_panel(
+        kit.single_stat(
+            "Throughput over the selected range (samples/s, tokens/s)",
+            "Samples and tokens per second as users quote them: the increase of "
+            "training_samples_total and training_tokens_total over the dashboard's time range "
+            "divided by its length, summed over the selected ranks. It excludes nothing (a "
+            "range that holds the start-up, a checkpoint or an evaluation counts them); over a "
+            "steady stretch of the run it is the steady-state throughput.",
+            [
+                kit.prom(f"sum({kit.rate(names.SAMPLES, s, '$__range')})", "samples/s", "A",
+                         instant=True),
+                kit.prom(f"sum({kit.rate(names.TOKENS, s, '$__range')})", "tokens/s", "B",
+                         instant=True),
+            ],
+            unit="short",
+            width=6,
+            height=8,
+        )
+    )
+    board.with_panel(
         kit.series(
-            "Throughput",
-            "Samples and tokens per second, summed over the selected ranks.",
+            "Throughput (samples/s and tokens/s, over the rate window)",
+            "Samples and tokens per second over the rate window, summed over the selected "
+            "ranks: dips are the steps that were slow, stalls and checkpoints.",
             [
                 kit.prom(f"sum({kit.rate(names.SAMPLES, s)})", "samples/s", "A"),
                 kit.prom(f"sum({kit.rate(names.TOKENS, s)})", "tokens/s", "B"),
             ],
             unit="short",
-            width=8,
+            width=10,
         )
     )
     board.with_panel(
@@ -215,7 +253,84 @@ def _efficiency(board: dash.Dashboard) -> None:
                 ),
             ],
             unit="bytes",
+            width=16,
+        )
+    )
+
+
+def goodput_ratio(by: str = names.RUN) -> str:
+    """Productive time over all of the ranks' time since they started (the goodput buckets
+    add up to each rank's time from its start to its last step's end), per ``by``."""
+    s = kit.sel()
+    productive = kit.sel(f'{names.BUCKET}="{names.GOODPUT_PRODUCTIVE}"')
+    return (
+        f"sum by ({by}) ({kit.gauge(names.GOODPUT, productive)})"
+        f" / sum by ({by}) ({kit.gauge(names.GOODPUT, s)})"
+    )
+
+
+def bucket_share() -> str:
+    """Each goodput bucket's share of the selected ranks' time over the rate window."""
+    s = kit.sel()
+    return (
+        f"sum by ({names.BUCKET}) ({kit.rate(names.GOODPUT, s)})"
+        f" / ignoring({names.BUCKET}) group_left sum({kit.rate(names.GOODPUT, s)})"
+    )
+
+
+def _goodput(board: dash.Dashboard) -> None:
+    s = kit.sel()
+    buckets = ", ".join(names.GOODPUT_BUCKETS[1:])
+    board.with_row(dash.Row("Goodput: productive time against the losses"))
+    board.with_panel(
+        kit.single_stat(
+            "Goodput per run (productive share of the ranks' time since start)",
+            "training_goodput_time_seconds_total: each rank's time from its start to its last "
+            "step's end, split into productive (the compute parts of steady steps) and the "
+            f"named losses ({buckets}). Productive over all buckets, summed over the selected "
+            "ranks: the run's goodput so far, start-up and warm-up included.",
+            [kit.prom(goodput_ratio(), "run {{" + names.RUN + "}}", instant=True)],
+            unit="percentunit",
+            width=6,
+            height=8,
+            steps=((None, "red"), (0.5, "orange"), (0.8, "green")),
+        )
+    )
+    board.with_panel(
+        kit.series(
+            "Goodput buckets: share of the ranks' time (over the rate window)",
+            "Seconds per goodput bucket per second, over the selected ranks, divided by all "
+            "buckets' seconds: the bands add up to 100%. startup is the ranks' start to their "
+            "first step; compile and warmup the first steps; between_steps the time between "
+            "one step's end and the next one's start (evaluation, checkpoints outside the "
+            "step); outside_phases the steady steps' host work and unexplained time.",
+            [kit.prom(bucket_share(), "{{" + names.BUCKET + "}}")],
+            unit="percentunit",
+            width=18,
+            stacked=True,
+        )
+    )
+    board.with_panel(
+        kit.data_table(
+            "Goodput per rank: share of each rank's time by bucket (since start)",
+            "One row per rank, one column per goodput bucket: the bucket's share of the rank's "
+            "time since it started (training_goodput_time_seconds_total). The productive "
+            "column is the rank's goodput; a rank with a larger startup or between_steps share "
+            "than the others started late or does work the others do not (rank 0's "
+            "checkpoints).",
+            [
+                kit.prom(
+                    f"sum by ({names.RANK}, {names.BUCKET}) ({kit.gauge(names.GOODPUT, s)})"
+                    f" / ignoring({names.BUCKET}) group_left"
+                    f" sum by ({names.RANK}) ({kit.gauge(names.GOODPUT, s)})",
+                    "",
+                    instant=True,
+                    table_format=True,
+                )
+            ],
+            unit="percentunit",
             width=24,
+            matrix=(names.RANK, names.BUCKET),
         )
     )
 
@@ -225,15 +340,19 @@ def _traces_and_logs(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.data_table(
             "Slowest sampled steps (Tempo)",
-            "train.step root spans of the run, slowest first; a trace id opens the step's "
-            "trace: every rank's rank_step, phases and collectives.",
+            f"train.step root spans of the run, slowest first: the {SLOWEST_LIMIT} traces "
+            "Tempo's search returns, sorted by duration (TraceQL has no order by: a sortBy "
+            "transformation and the table's sort do it). A trace id opens the step's trace: "
+            "every rank's rank_step, phases and collectives.",
             [
                 kit.traceql(
                     f'{{ name = "{names.SPAN_STEP}" && span.{names.ATTR_RUN_ID} = "$run_id" }}'
-                    f" | select(span.{names.ATTR_STEP}, duration)"
+                    f" | select(span.{names.ATTR_STEP}, duration)",
+                    limit=SLOWEST_LIMIT,
                 )
             ],
             datasource=kit.TEMPO,
+            sort_desc=TEMPO_DURATION,
         )
     )
     board.with_panel(
@@ -254,12 +373,14 @@ def build() -> dash.Dashboard:
     board = kit.new_dashboard(
         UID,
         "otel-train / Training attribution",
-        "Step time as a distribution with exemplars into the step's trace, the breakdown "
-        "by phase, throughput, MFU, memory and communication overlap.",
+        "Step time as a distribution with exemplars into the step's trace, its breakdown "
+        "into disjoint parts that add up to 100%, throughput, MFU, memory, communication "
+        "overlap and goodput.",
     )
     board.with_variable(kit.service_variable())
     _step_time(board)
     _breakdown(board)
     _efficiency(board)
+    _goodput(board)
     _traces_and_logs(board)
     return board

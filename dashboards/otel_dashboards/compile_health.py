@@ -58,8 +58,11 @@ def _compile_time(board: dash.Dashboard) -> None:
     )
     board.with_panel(
         kit.bars(
-            "Graphs compiled per rank over the range",
-            "Compile events per rank (one per compiled graph or recompile).",
+            "Compilations per rank over the range",
+            "Compilations each rank ran in the selected range: the count of "
+            "training_compile_duration_seconds, one per compilation (a first compile or a "
+            "recompile) whatever the number of graphs it produced (graph breaks split a frame "
+            "into several graphs, counted by training_compile_graphs_total).",
             [
                 kit.prom(
                     f"sum by ({names.RANK}) ({kit.rate(names.COMPILE + '_count', s, '$__range', fn='increase')})",
@@ -106,13 +109,14 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
     )
     board.with_panel(
         kit.series(
-            "Cross-rank inconsistency: graphs and recompiles, max rank minus min rank",
-            "Ranks of one job should compile the same graphs; a rank that compiles more has "
-            "diverged (different shapes or control flow) and will stall the collectives.",
+            "Cross-rank inconsistency: compilations and recompiles, max rank minus min rank",
+            "Ranks of one job should compile the same graphs as often; a rank that compiles "
+            "more has diverged (different shapes or control flow) and will stall the "
+            "collectives.",
             [
                 kit.prom(
                     f"max(sum by ({names.RANK}) ({kit.gauge(names.COMPILE + '_count', s)})) - min(sum by ({names.RANK}) ({kit.gauge(names.COMPILE + '_count', s)}))",
-                    "graphs compiled: max - min rank",
+                    "compilations: max - min rank",
                     "A",
                 ),
                 kit.prom(
@@ -158,7 +162,7 @@ def build() -> dash.Dashboard:
     board = kit.new_dashboard(
         UID,
         "otel-train / Compile health",
-        "torch.compile time, graph breaks and recompiles by reason, graphs per rank, "
+        "torch.compile time, graph breaks and recompiles by reason, compilations per rank, "
         "cross-rank inconsistency and recompile-limit fallbacks.",
     )
     _compile_time(board)

@@ -547,14 +547,38 @@ def data_table(
     width: int = 12,
     height: int = 8,
     merge: bool = False,
+    matrix: tuple[str, str] | None = None,
+    sort_desc: str | None = None,
 ):
+    """A table. ``merge`` joins instant queries on their labels; ``matrix`` = (row label,
+    column label) turns one table-format query's rows into a grid, one row per value of
+    the first label and one column per value of the second (Grafana's groupingToMatrix);
+    ``sort_desc`` sorts the rows by that field (its display name), largest first: in the
+    data (a sortBy transformation) and as the table's initial sort."""
     panel = table.Panel().title(title).datasource(datasource)
     if unit is not None:
-        panel = panel.unit(unit)
+        # the table's own field defaults with it (the schema fills them in where a field
+        # config exists: the committed JSON is what the schema reads back)
+        panel = panel.unit(unit).align(common.FieldTextAlignment.AUTO).inspect(False)
     for target in targets:
         panel = panel.with_target(target)
     if merge:
         panel = panel.with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
+    if matrix is not None:
+        row, column = matrix
+        panel = panel.with_transformation(
+            model.DataTransformerConfig(
+                id_val="groupingToMatrix",
+                options={"rowField": row, "columnField": column, "valueField": "Value",
+                         "emptyValue": "null"},
+            )
+        )
+    if sort_desc is not None:
+        panel = panel.with_transformation(
+            model.DataTransformerConfig(
+                id_val="sortBy", options={"fields": {}, "sort": [{"field": sort_desc, "desc": True}]}
+            )
+        ).sort_by([common_builders.TableSortByFieldState().display_name(sort_desc).desc(True)])
     return _place(panel, width, height, description)
 
 

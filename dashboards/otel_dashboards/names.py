@@ -44,6 +44,12 @@ GRAPH_BREAKS = _prom(semconv.METRIC_COMPILE_GRAPH_BREAKS)
 RECOMPILES = _prom(semconv.METRIC_COMPILE_RECOMPILES)
 UNTIMED = _prom(semconv.METRIC_UNTIMED_TIME)  # training_untimed_time_seconds_total
 UNTIMED_PART = semconv.PROM_UNTIMED_PART_LABEL  # training_untimed_part
+#: the step's disjoint parts (issue 51): summed over parts, a rank's step duration sum
+STEP_TIME = _prom(semconv.METRIC_STEP_TIME)  # training_step_time_seconds_total
+PART = semconv.PROM_PART_LABEL  # training_part
+#: a rank's run, start to its last step's end, by goodput bucket (productive and the losses)
+GOODPUT = _prom(semconv.METRIC_GOODPUT_TIME)  # training_goodput_time_seconds_total
+BUCKET = semconv.PROM_GOODPUT_BUCKET_LABEL  # training_goodput_bucket
 CPU_THROTTLED = _prom(semconv.METRIC_CPU_THROTTLED_TIME)  # ..._time_seconds_total
 MFU = _prom(semconv.METRIC_MFU)  # training_mfu_ratio
 DROPPED = _prom(semconv.METRIC_TELEMETRY_DROPPED)  # otel_train_telemetry_dropped_total
@@ -69,6 +75,8 @@ IDENTITY = {
     RECOMPILES: (REASON,),
     DROPPED: (SIGNAL,),
     UNTIMED: (UNTIMED_PART,),
+    STEP_TIME: (PART,),
+    GOODPUT: (BUCKET,),
 }
 
 # cAdvisor (kubelet /metrics/cadvisor); its series carry namespace/pod/container, not ranks.
@@ -83,6 +91,16 @@ PHASES = (
     semconv.PHASE_EXPOSED_COMM,
     semconv.PHASE_COMPILE,
 )
+
+#: the step's parts (training_part), in the order every surface shows them; they add up to
+#: the step time (unlike PHASES, whose exposed_comm and compile lie inside forward/backward)
+PARTS = semconv.PARTS
+PART_DEVICE_WAIT = semconv.PART_DEVICE_WAIT
+PART_HOST_BUSY = semconv.PART_HOST_BUSY
+PART_NOT_EXPLAINED = semconv.PART_NOT_EXPLAINED
+#: goodput buckets (training_goodput_bucket), productive first
+GOODPUT_BUCKETS = semconv.GOODPUT_BUCKETS
+GOODPUT_PRODUCTIVE = semconv.GOODPUT_PRODUCTIVE
 
 # Span names and attributes as TraceQL and LogQL see them.
 SPAN_STEP = semconv.SPAN_STEP

@@ -123,6 +123,29 @@ def _stragglers(board: dash.Dashboard) -> None:
             merge=True,
         )
     )
+    board.with_panel(
+        kit.data_table(
+            "Where each rank's step time goes over the range (share per part)",
+            "One row per rank, one column per part of its step time "
+            "(training_step_time_seconds_total by training_part, over the selected range, "
+            "divided by the rank's step seconds): the parts are disjoint, so a row adds up to "
+            "100%. The straggler's own time goes to data_wait or host_busy; the ranks that wait "
+            "for it show it as exposed_comm or device_wait.",
+            [
+                kit.prom(
+                    f"sum by ({names.RANK}, {names.PART}) ({kit.rate(names.STEP_TIME, s, '$__range')})"
+                    f" / ignoring({names.PART}) group_left"
+                    f" sum by ({names.RANK}) ({kit.rate(names.STEP + '_sum', s, '$__range')})",
+                    "",
+                    instant=True,
+                    table_format=True,
+                )
+            ],
+            unit="percentunit",
+            width=24,
+            matrix=(names.RANK, names.PART),
+        )
+    )
 
 
 def _starved_or_throttled(board: dash.Dashboard) -> None:
@@ -200,7 +223,8 @@ def build() -> dash.Dashboard:
         UID,
         "otel-train / Ranks and stragglers",
         "Per-rank step-time heatmap, max/median skew, the collective wait each rank causes "
-        "the others, the slowest ranks, and per-rank data wait against CPU throttling.",
+        "the others, the slowest ranks, each rank's step time by part, and per-rank data wait "
+        "against CPU throttling.",
     )
     for variable in kit.kubernetes_variables():
         board.with_variable(variable)

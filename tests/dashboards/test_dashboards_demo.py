@@ -153,6 +153,19 @@ def test_panels_over_the_demos_metrics_return_series(demo):
         assert any(panel in qid for qid in checked), panel
 
 
+def test_the_step_time_breakdown_adds_up_to_100_percent_on_the_demo(demo):
+    """The share panel over a real run: the parts the SDK emits add up to its step time."""
+    board = queries.dashboards()["training-attribution.json"]
+    panel = next(p for p in queries.panels(board) if p["title"].startswith("Step-time breakdown"))
+    values = {"run_id": demo.run_id, "rank": ".*", "__rate_interval": "1m"}
+    shares = {
+        r["metric"]["training_part"]: float(r["value"][1])
+        for r in demo.query(queries.interpolate(panel["targets"][0]["expr"], values))
+    }
+    assert {"data_wait", "forward", "backward", "optimizer"} <= set(shares), shares
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.01), shares
+
+
 def test_step_time_exemplars_open_traces_the_run_exported(demo):
     found = demo.prometheus.api(
         "query_exemplars",

@@ -42,7 +42,7 @@ from support.pipeline_fixtures import (
 
 DASHBOARDS_DIR = REPO_ROOT / "dashboards"
 sys.path.insert(0, str(DASHBOARDS_DIR))
-from otel_dashboards import checklist, queries  # noqa: E402
+from otel_dashboards import checklist, names, queries  # noqa: E402
 
 TOOLS = DASHBOARDS_DIR / "tools"
 QUERIES = queries.queries()
@@ -206,6 +206,57 @@ PHASE_SHARE = {
 }
 OPS = {"all_reduce": 0.02, "all_gather": 0.008, "reduce_scatter": 0.012}
 TICK = 30  # seconds between samples
+#: the step's disjoint parts (training_step_time_seconds_total by training_part) as shares of
+#: each rank's step time; forward, backward and optimizer take the rest (PART_COMPUTE)
+PART_SHARE = {
+    "data_wait": 0.08,
+    "exposed_comm": 0.1,
+    "compile": 0.02,
+    "device_wait": 0.1,
+    "host_busy": 0.02,
+    "not_explained": 0.0,
+}
+PART_COMPUTE = {"forward": 0.35, "backward": 0.5, "optimizer": 0.15}
+#: the rank whose steps hold time nothing explains
+UNEXPLAINED_RANK = 1
+STARTUP_SECONDS = 90.0  # each rank's start to its first step
+BETWEEN_STEPS_SECONDS = 0.5  # per tick: a short evaluation outside the steps
+WARMUP_TICKS = 2  # the first ticks' steps are warm-up
+
+
+def part_shares(rank: int) -> dict[str, float]:
+    """A rank's parts as shares of its step time: disjoint, adding up to exactly 1."""
+    shares = dict(PART_SHARE)
+    if rank == STRAGGLER:  # starved (throttled DataLoader workers), its host busy
+        shares.update(data_wait=0.35, host_busy=0.1, device_wait=0.02)
+    if rank == 2:  # hides little of its communication
+        shares["exposed_comm"] = 0.2
+    if rank == UNEXPLAINED_RANK:
+        shares["not_explained"] = 0.06
+    compute = 1 - sum(shares.values())
+    assert compute > 0.2, shares
+    shares.update({part: compute * share for part, share in PART_COMPUTE.items()})
+    return shares
+
+
+def goodput_increments(shares: dict[str, float], step_seconds: float, first: bool,
+                       warmup: bool) -> dict[str, float]:
+    """One tick of a rank's time by goodput bucket: startup before its first step, the
+    steps' parts (warm-up steps all warmup but compile), and the time between steps."""
+    buckets = dict.fromkeys(("productive", "startup", "compile", "warmup", "data_wait",
+                             "exposed_comm", "device_wait", "outside_phases", "between_steps"),
+                            0.0)
+    buckets["startup"] = STARTUP_SECONDS if first else 0.0
+    buckets["between_steps"] = BETWEEN_STEPS_SECONDS
+    buckets["compile"] = shares["compile"] * step_seconds
+    if warmup:
+        buckets["warmup"] = (1 - shares["compile"]) * step_seconds
+        return buckets
+    buckets["productive"] = sum(shares[p] for p in PART_COMPUTE) * step_seconds
+    for part in ("data_wait", "exposed_comm", "device_wait"):
+        buckets[part] = shares[part] * step_seconds
+    buckets["outside_phases"] = (shares["host_busy"] + shares["not_explained"]) * step_seconds
+    return buckets
 
 
 @dataclass
@@ -275,7 +326,8 @@ def rank_labels(run: str, rank: int) -> str:
 
 
 def simulate_rank(
-    f: Families, rng: random.Random, run: str, rank: int, t: float, minutes_left: float
+    f: Families, rng: random.Random, run: str, rank: int, t: float, minutes_left: float,
+    ticks_done: int = 0,
 ) -> None:
     labels = rank_labels(run, rank)
     step_mean = 0.5 * (1.6 if rank == STRAGGLER else 1.0)
@@ -292,6 +344,16 @@ def simulate_rank(
             t,
             [s * share for s in steps],
         )
+    # the step's parts: disjoint, summing to the step histogram's sum
+    shares = part_shares(rank)
+    for part, share in shares.items():
+        f.counter("training_step_time_seconds", f'{labels},training_part="{part}"', t,
+                  sum(steps) * share)
+    warmup = ticks_done < WARMUP_TICKS
+    for bucket, seconds in goodput_increments(shares, sum(steps), ticks_done == 0,
+                                              warmup).items():
+        f.counter("training_goodput_time_seconds", f'{labels},training_goodput_bucket="{bucket}"',
+                  t, seconds)
     f.counter("training_samples", labels, t, 32 * len(steps))
     f.counter("training_tokens", labels, t, 32 * 2048 * len(steps))
     # Synchronous training: the others wait for the straggler inside their collectives, and
@@ -360,10 +422,10 @@ def write_test_series(end: float) -> str:
     rng = random.Random(7)
     f = Families()
     ticks = [end - TICK * i for i in range(60, -1, -1)]
-    for t in ticks:
+    for ticks_done, t in enumerate(ticks):
         minutes_left = (end - t) / 60
         for rank in range(RANKS):
-            simulate_rank(f, rng, RUN_ID, rank, t, minutes_left)
+            simulate_rank(f, rng, RUN_ID, rank, t, minutes_left, ticks_done)
             pod = f'{TEST_LABEL},namespace="otel-train-dashboards-test",pod="dash-test-trainer-{rank}",container="trainer"'
             f.counter("container_cpu_cfs_periods", pod, t, TICK * 10)
             f.counter(
@@ -609,3 +671,99 @@ def test_exemplars_carry_trace_ids(prometheus):
     )
     trace_ids = {e["labels"]["trace_id"] for series in found for e in series["exemplars"]}
     assert trace_ids == {f"{i + 1:032x}" for i in range(len(BUCKETS))}
+
+
+def panel_expr(dashboard: str, title: str, ref: str = "A") -> str:
+    """A panel's query as Grafana runs it on the test series (the title's start names it)."""
+    board = queries.dashboards()[dashboard]
+    panel = next(p for p in queries.panels(board) if p["title"].startswith(title))
+    target = next(t for t in panel["targets"] if t["refId"] == ref)
+    return queries.interpolate(target["expr"], VALUES)
+
+
+def last_sample(server: Prometheus) -> float:
+    """The time of the test run's last sample (the tests run a while after it)."""
+    found = evaluate(server, f'max(timestamp(training_samples_total{{training_run_id="{RUN_ID}"}}))')
+    return float(found[0]["value"][1])
+
+
+def over_time(server: Prometheus, expr: str, minutes: int = 20) -> dict[str, dict[float, float]]:
+    """The series of a range query over the last ``minutes`` of the test series, every
+    minute: {the series' one label's value: {timestamp: value}}."""
+    end = last_sample(server)
+    result = server.api("query_range", query=expr, start=f"{end - 60 * minutes:.3f}",
+                        end=f"{end:.3f}", step="60")["result"]
+    return {
+        next(iter(r["metric"].values()), ""): {float(ts): float(v) for ts, v in r["values"]}
+        for r in result
+    }
+
+
+def test_the_step_time_breakdown_adds_up_to_100_percent_with_its_not_explained_part(prometheus):
+    """The stacked share panel reads the disjoint parts: at every timestamp the shares add up
+    to 100% (the phase spans, which overlap, added up to ~130% here), and not_explained is
+    the part itself, non-zero where a rank's steps hold unexplained time."""
+    expr = panel_expr("training-attribution.json", "Step-time breakdown")
+    shares = over_time(prometheus, expr)
+    assert set(shares) == set(names.PARTS), shares.keys()
+    timestamps = set.intersection(*(set(series) for series in shares.values()))
+    assert len(timestamps) >= 15, timestamps
+    for ts in timestamps:
+        total = sum(series[ts] for series in shares.values())
+        assert total == pytest.approx(1.0, abs=0.01), (ts, {p: s[ts] for p, s in shares.items()})
+    unexplained = shares[names.PART_NOT_EXPLAINED]
+    # one rank of four: 6% of its step time, ~1.5% of the ranks' (every rank's steps fill
+    # about the same seconds: the straggler's are longer and fewer)
+    assert all(0.01 < unexplained[ts] < 0.02 for ts in timestamps), unexplained
+    # and the straggler's starvation shows as data_wait: (3 x 8% + 35%) / 4
+    assert all(0.13 < shares["data_wait"][ts] < 0.165 for ts in timestamps), shares["data_wait"]
+
+
+def test_outside_the_phases_per_rank_names_the_rank_with_unexplained_time(prometheus):
+    expr = panel_expr("training-attribution.json", "Outside the phases per rank", "C")
+    unexplained = {int(r["metric"][names.RANK]): float(r["value"][1])
+                   for r in evaluate(prometheus, expr)}
+    assert set(unexplained) == set(range(RANKS)), unexplained
+    assert unexplained[UNEXPLAINED_RANK] == pytest.approx(0.06, abs=0.005), unexplained
+    assert all(v == 0 for r, v in unexplained.items() if r != UNEXPLAINED_RANK), unexplained
+
+
+def test_each_rank_s_parts_add_up_to_its_step_time(prometheus):
+    expr = panel_expr("ranks-and-stragglers.json", "Where each rank's step time goes")
+    rows: dict[int, dict[str, float]] = {}
+    for r in evaluate(prometheus, expr):
+        rows.setdefault(int(r["metric"][names.RANK]), {})[r["metric"][names.PART]] = float(
+            r["value"][1])
+    assert set(rows) == set(range(RANKS))
+    for rank, parts in rows.items():
+        assert set(parts) == set(names.PARTS), parts
+        assert sum(parts.values()) == pytest.approx(1.0, abs=0.01), (rank, parts)
+        assert parts == pytest.approx(part_shares(rank), abs=0.01), rank
+
+
+def test_goodput_is_productive_time_over_all_buckets(prometheus):
+    ratio = evaluate(prometheus, panel_expr("training-attribution.json", "Goodput per run"))
+    assert [r["metric"][names.RUN] for r in ratio] == [RUN_ID], ratio
+    # each rank: productive = the compute parts of its steady steps, against all its time
+    # since start (start-up, warm-up and the losses included)
+    compute = [sum(part_shares(rank)[p] for p in PART_COMPUTE) for rank in range(RANKS)]
+    goodput = float(ratio[0]["value"][1])
+    assert 0.4 < goodput < max(compute), (goodput, compute)
+    buckets = over_time(prometheus, panel_expr("training-attribution.json", "Goodput buckets"))
+    assert set(buckets) >= {"productive", "data_wait", "exposed_comm", "between_steps"}
+    timestamps = set.intersection(*(set(series) for series in buckets.values()))
+    for ts in timestamps:
+        assert sum(s[ts] for s in buckets.values()) == pytest.approx(1.0, abs=0.01), ts
+    per_rank: dict[int, float] = {}
+    for r in evaluate(prometheus, panel_expr("training-attribution.json", "Goodput per rank")):
+        rank = int(r["metric"][names.RANK])
+        per_rank[rank] = per_rank.get(rank, 0.0) + float(r["value"][1])
+    assert per_rank == pytest.approx(dict.fromkeys(range(RANKS), 1.0), abs=0.01), per_rank
+
+
+def test_throughput_over_the_range_is_the_samples_per_second(prometheus):
+    expr = panel_expr("training-attribution.json", "Throughput over")
+    samples = prometheus.api("query", query=expr, time=f"{last_sample(prometheus):.3f}")["result"]
+    # 32 samples a step: 60 steps per 30 s on the ranks of 0.5 s steps, 37 on the straggler's
+    expected = 32 * (3 * int(TICK / 0.5) + int(TICK / 0.8)) / TICK
+    assert float(samples[0]["value"][1]) == pytest.approx(expected, rel=0.02), samples

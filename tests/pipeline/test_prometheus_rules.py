@@ -187,6 +187,61 @@ def test_unit_tests_catch_an_alert_that_fires_at_once(tmp_path, alert, expr_end,
     assert alert in output
 
 
+#: recording rules no alert reads yet, each checked by its own promql_expr_test
+EXPR_TESTED_RECORDS = (
+    "training_run_rank_part:step_time_seconds:share5m",  # the step's disjoint parts
+    "training_run:samples:rate5m",  # throughput
+    "training_run:tokens:rate5m",
+)
+
+
+def recording_rules() -> dict[str, str]:
+    return {r["record"]: r["expr"] for g in yaml.safe_load(RULES.read_text())["groups"]
+            for r in g["rules"] if "record" in r}
+
+
+def test_the_parts_and_throughput_rules_are_unit_tested():
+    records = recording_rules()
+    tested = [e["expr"] for case in yaml.safe_load(RULES_TEST.read_text())["tests"]
+              for e in case.get("promql_expr_test", [])]
+    for record in EXPR_TESTED_RECORDS:
+        assert record in records, record
+        assert any(record in expr for expr in tested), f"no promql_expr_test reads {record}"
+
+
+def test_no_rule_adds_up_phases():
+    # Phase spans overlap (exposed_comm and compile lie inside forward and backward): a sum
+    # over phases counts that time twice. Shares that add up come from the parts
+    # (training_step_time_seconds_total by training_part).
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    for rule in rules:
+        expr = rule["expr"]
+        if "phase_duration_seconds" not in expr:
+            continue
+        for match in re.finditer(r"\b(sum|avg|count)\b\s*(by\s*\(([^)]*)\))?", expr):
+            assert match.group(3) and "training_phase" in match.group(3), (
+                rule.get("alert") or rule["record"], match.group(0))
+
+
+def test_the_parts_share_adds_up_to_one_per_rank_and_counts_a_second_path_once(tmp_path):
+    # with sum instead of max, the rank's forward series by two paths counts twice
+    output = _unit_tests_on_broken_copy(
+        tmp_path, RULES,
+        "max by (namespace, training_run_id, training_rank, training_part) "
+        "(rate(training_step_time_seconds_total[5m]))",
+        "sum by (namespace, training_run_id, training_rank, training_part) "
+        "(rate(training_step_time_seconds_total[5m]))")
+    assert "training_run_rank_part:step_time_seconds:share5m" in output
+
+
+def test_throughput_counts_a_rank_seen_by_two_paths_once(tmp_path):
+    output = _unit_tests_on_broken_copy(
+        tmp_path, RULES,
+        "max by (namespace, training_run_id, training_rank) (rate(training_samples_total[5m]))",
+        "sum by (namespace, training_run_id, training_rank) (rate(training_samples_total[5m]))")
+    assert "training_run:samples:rate5m" in output
+
+
 def _unit_tests_on_broken_copy(tmp_path, broken_file, old: str, new: str) -> str:
     """Run the promtool unit tests on copies of the rule files with ``old`` replaced by
     ``new`` in ``broken_file``; they must fail. Returns promtool's output."""
