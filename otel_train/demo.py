@@ -36,7 +36,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
-from otel_train import config, semconv  # noqa: E402
+from otel_train import config  # noqa: E402
 
 VOCAB = 256
 
@@ -83,10 +83,66 @@ class CopyTask(Dataset):
 
 
 def _seconds(raw: str) -> float:
-    value = float(raw)
-    if not 0 <= value <= 60:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0  # not a number: the same message as out of range
+    if not 0 <= value <= 60:  # nan too
         raise argparse.ArgumentTypeError(f"{raw!r} is not a number of seconds from 0 to 60")
     return value
+
+
+#: torch.compile backends every torch 2 has, known without importing torch._dynamo (a second
+#: and a half); another name is looked up in this torch's list
+_KNOWN_BACKENDS = frozenset({"inductor", "eager", "aot_eager", "cudagraphs"})
+
+
+def _argument_error(args: argparse.Namespace, output_dir_given: bool) -> str | None:
+    """What is wrong with the arguments that their types cannot see (how they go together,
+    the backend, the output folder), found before the ranks are spawned: inside them it was
+    a traceback per rank after 10-30 s of start-up, or no error at all."""
+    if args.slow_rank is not None and args.slow_rank >= args.ranks:
+        ranks = f"ranks 0 to {args.ranks - 1}" if args.ranks > 1 else "rank 0 only"
+        return f"--slow-rank {args.slow_rank} names no rank: --ranks {args.ranks} runs {ranks}"
+    if args.compile:
+        wrong = _backend_error(args.backend)
+        if wrong:
+            return wrong
+    return _output_dir_error(Path(args.output_dir), output_dir_given)
+
+
+def _backend_error(name: str) -> str | None:
+    """Why ``name`` is no torch.compile backend of this torch, or None."""
+    if name in _KNOWN_BACKENDS:
+        return None
+    try:
+        from torch._dynamo import list_backends
+
+        every = set(list_backends(exclude_tags=()))  # the debugging ones too
+        shown = sorted(set(list_backends()) | _KNOWN_BACKENDS)
+    except Exception:  # a private API: where it moved, torch.compile says it in the ranks
+        return None
+    if name in every:
+        return None
+    return (f"--backend {name!r} is not a torch.compile backend of this torch (such as "
+            f"{', '.join(shown)})")
+
+
+def _output_dir_error(path: Path, given: bool) -> str | None:
+    """Why no run directory can be made under ``path``, or None. It is made here, as each
+    rank would make it first thing, so that a file in its way or a read-only disk is one
+    line now rather than a traceback per rank."""
+    what = ("--output-dir" if given else "$OTEL_TRAIN_OUTPUT_DIR"
+            if os.environ.get("OTEL_TRAIN_OUTPUT_DIR") else "the default output folder")
+    if path.exists() and not path.is_dir():
+        return f"{what} {path} is a file, not a folder"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"{what} {path} cannot be made: {err.strerror or err}"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{what} {path} is not writable"
+    return None
 
 
 def _free_port() -> int:
@@ -192,28 +248,35 @@ def _progress(rank: int, total: int) -> Any:
 
 
 def print_summary(run_dir: Path) -> None:
-    """The steady state per rank (the report's rows: warm-up and compile steps apart), and
-    the warm-up steps on a line of their own."""
+    """The steady state per rank (the report's rows: warm-up and compile steps apart): the
+    mean step and its parts, which are disjoint and add up to it (docs/telemetry.md, "The
+    step's parts"); then the steady throughput, the goodput and the warm-up steps."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
+    from otel_train.analysis import terminal
     from otel_train.analysis.build import build_report
-    from otel_train.analysis.terminal import warmup_lines
 
     report = build_report(run_dir, top=0, timelines=0)
-    phases = [p for p in semconv.TIMED_PHASES if p in report.phases]
-    table = Table(title=f"Mean time per step (ms), steady state, run {run_dir.name}")
-    for column in ["rank", "step", *phases, "other"]:
-        table.add_column(column, justify="right")
+    # a part no rank spends a tenth of a millisecond in a step is left out (it would show as
+    # 0.0, and an 80-column terminal has room for eight or so)
+    columns = [(header, kind, key) for header, kind, key in terminal.phase_columns(report)
+               if any(terminal.column_s(row, kind, key) >= 5e-5 for row in report.rank_rows)]
+    table = Table(title=f"Mean time per step (ms), steady state ({report.steady_steps} steps, "
+                  f"warm-up apart), run {run_dir.name}: the parts add up to the step",
+                  box=box.SIMPLE_HEAD, pad_edge=False)
+    for header in ["rank", "step", *(header for header, _, _ in columns)]:
+        table.add_column(header, justify="right")
     for row in report.rank_rows:
-        step = sum(row.phase_mean_s.values())
-        other = step - sum(row.phase_mean_s.get(p, 0.0) for p in phases)
-        table.add_row(str(row.rank), f"{step * 1e3:.1f}",
-                      *(f"{row.phase_mean_s.get(p, 0.0) * 1e3:.1f}" for p in phases),
-                      f"{other * 1e3:.1f}")
+        table.add_row(str(row.rank), f"{terminal.step_mean_s(row) * 1e3:.1f}",
+                      *(f"{terminal.column_s(row, kind, key) * 1e3:.1f}"
+                        for _, kind, key in columns))
     console = Console(stderr=False)
     console.print(table)
-    for line in warmup_lines(report):
+    lines = [*terminal.throughput_lines(report), *terminal.goodput_lines(report),
+             *terminal.warmup_lines(report)]
+    for line in lines:
         console.print(line, markup=False)
 
 
@@ -221,14 +284,16 @@ def print_summary(run_dir: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.ranks < 1 or args.steps < 1:
-        print("otel-train demo: --ranks and --steps must be at least 1", file=sys.stderr)
-        return 2
     args.compile = not args.no_compile
+    output_dir_given = args.output_dir is not None
     with warnings.catch_warnings():  # each rank warns of a bad setting itself
         warnings.simplefilter("ignore", config.ConfigWarning)
         default_dir = config.load().output_dir
     args.output_dir = str(Path(args.output_dir or default_dir).resolve())
+    wrong = _argument_error(args, output_dir_given)  # the counts' own checks are their types
+    if wrong:
+        print(f"otel-train demo: {wrong}", file=sys.stderr)
+        return 2
     # A person at a terminal reads progress and the summary; scripts and tests that capture
     # the output also get every rank's JSON log lines and a final JSON result line.
     if args.log_lines is None:
@@ -356,11 +421,15 @@ JSON result line (stdout)."""
 
 
 def register(subparsers: Any) -> None:
+    from otel_train.cli import integer_at_least
+
     p = subparsers.add_parser("demo", help="train a small model on N CPU ranks, instrumented",
                               description=DESCRIPTION,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ranks", type=int, default=2, help="number of ranks (default 2)")
-    p.add_argument("--steps", type=int, default=30, help="training steps (default 30)")
+    p.add_argument("--ranks", type=integer_at_least(1), default=2,
+                   help="number of ranks (default 2)")
+    p.add_argument("--steps", type=integer_at_least(1), default=30,
+                   help="training steps (default 30)")
     p.add_argument("--parallel", choices=("fsdp2", "ddp"), default="fsdp2",
                    help="shard the model with FSDP2 (the default) or replicate it with DDP")
     p.add_argument("--ddp", dest="parallel", action="store_const", const="ddp",
@@ -368,17 +437,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-compile", action="store_true", help="run eagerly")
     p.add_argument("--backend", default="inductor",
                    help="torch.compile backend (default inductor)")
-    p.add_argument("--batch-size", type=int, default=8,
+    p.add_argument("--batch-size", type=integer_at_least(1), default=8,
                    help="sequences per batch on each rank (default 8)")
-    p.add_argument("--seq-len", type=int, default=32,
+    p.add_argument("--seq-len", type=integer_at_least(1), default=32,
                    help="tokens per sequence (default 32)")
-    p.add_argument("--workers", type=int, default=2,
+    p.add_argument("--workers", type=integer_at_least(0), default=2,
                    help="DataLoader worker processes per rank (default 2)")
     p.add_argument("--output-dir", help="root of run directories "
                    "(default $OTEL_TRAIN_OUTPUT_DIR or ./otel-train-runs)")
     p.add_argument("--run-id", help="run id (default: the launcher's, or rank 0's broadcast)")
-    p.add_argument("--slow-rank", type=int, default=None,
-                   help="make this rank sleep --slow-s every 5th step (a straggler)")
+    p.add_argument("--slow-rank", type=integer_at_least(0), default=None,
+                   help="make this rank (below --ranks) sleep --slow-s every 5th step (a "
+                   "straggler)")
     p.add_argument("--slow-s", type=_seconds, default=0.2,
                    help="how long the --slow-rank sleeps (default 0.2 s)")
     p.add_argument("--log-lines", action=argparse.BooleanOptionalAction, default=None,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support.step_parts import assert_parts_add_up
 
 from otel_train.cli import main
 
@@ -75,6 +76,7 @@ def run_fault(tmp_path: Path, world: int, fault: str, steps: str, **extra: str
         timeout=240)
     assert done.returncode == 0, done.stderr[-4000:]
     (run_dir,) = [p for p in out.iterdir() if p.is_dir()]
+    assert_parts_add_up(run_dir, set(range(world)))  # issue 51, on NCCL and the GPU
     report = tmp_path / "report.json"
     with report.open("w", encoding="utf-8") as sink:
         saved, sys.stdout = sys.stdout, sink
