@@ -13,7 +13,8 @@ part, first match wins:
 4. outside every phase: ``device_wait`` and ``host_busy`` as the gap sampler measured them
    (sources/gaps.py), capped to what is left, and ``not_explained``, the rest.
 
-So the parts are disjoint by construction and add up to the step to the nanosecond; the
+So the parts are disjoint by construction and add up to the step to the nanosecond (an
+interval given twice, or intervals that overlap, count once); the
 overlap of communication with compute stays a ratio (``training.comm.overlap``), never a
 part. Pure functions: no torch, no OpenTelemetry; the emitter thread calls them once a step.
 """
@@ -25,11 +26,20 @@ import time
 from collections.abc import Iterable, Mapping
 
 from otel_train import semconv as sc
-from otel_train.collectives_math import Interval, clip, measure, subtract, union
+from otel_train.collectives_math import Interval
 
 #: the phases in the order an instant inside several of them is given to one
 _PHASE_ORDER = (sc.PHASE_DATA_WAIT, sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHASE_OPTIMIZER)
 _COMPUTE = (sc.PART_FORWARD, sc.PART_BACKWARD, sc.PART_OPTIMIZER)
+
+
+#: the categories an instant can be in, first match wins: compile, exposed communication,
+#: the phases in order, then a phase the contract does not know (its time stays accounted
+#: for, as not explained); outside all of them is the last
+_COMPILE, _COMM = 0, 1
+_PHASE_INDEX = {phase: 2 + i for i, phase in enumerate(_PHASE_ORDER)}
+_OTHER_PHASE = 2 + len(_PHASE_ORDER)
+_PART_OF = (sc.PART_COMPILE, sc.PART_EXPOSED_COMM, *_PHASE_ORDER, sc.PART_NOT_EXPLAINED)
 
 
 def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
@@ -41,30 +51,46 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
     exposed communication; ``compiles``: the compilations; ``outside``: ns of the time
     outside the phases the host was blocked on the device (``device_wait``) or busy
     (``host_busy``). Every part is present (0 where none); the values add up to ``hi - lo``.
+
+    One sweep over the intervals' edges (the emitter thread runs it every step: a few tens
+    of edges, one sort), each stretch between two edges given to its category.
     """
     parts = dict.fromkeys(sc.PARTS, 0)
     if hi <= lo:
         return parts
-    compiling = clip(union(compiles), lo, hi)
-    comm = subtract(clip(union(exposed), lo, hi), compiling)
-    taken = union(compiling + comm)
-    parts[sc.PART_COMPILE] = measure(compiling)
-    parts[sc.PART_EXPOSED_COMM] = measure(comm)
-    by_phase: dict[str, list[Interval]] = {}
+    edges = []
+    for category, intervals in ((_COMPILE, compiles), (_COMM, exposed)):
+        for start, end in intervals:
+            if end > start:
+                edges.append((start, category, 1))
+                edges.append((end, category, -1))
+    index = _PHASE_INDEX.get
     for phase, start, end in phases:
-        by_phase.setdefault(phase, []).append((start, end))
-    covered: list[Interval] = []  # the phases given out so far, and what was taken
-    for phase in (*_PHASE_ORDER, *sorted(set(by_phase) - set(_PHASE_ORDER))):
-        spans = by_phase.get(phase)
-        if not spans:
-            continue
-        own = subtract(subtract(clip(union(spans), lo, hi), covered), taken)
-        covered = union(covered + clip(union(spans), lo, hi))
-        if phase in parts:
-            parts[phase] += measure(own)
-        else:  # a phase the contract does not know yet: its time stays accounted for
-            parts[sc.PART_NOT_EXPLAINED] += measure(own)
-    left = measure(subtract(subtract([(lo, hi)], covered), taken))
+        if end > start:
+            category = index(phase, _OTHER_PHASE)
+            edges.append((start, category, 1))
+            edges.append((end, category, -1))
+    edges.sort()
+    open_ = [0] * len(_PART_OF)
+    mask = 0  # bit c set while an interval of category c is open: the lowest set bit wins
+    ns = [0] * (len(_PART_OF) + 1)  # the last: outside every interval
+    outside_at = len(_PART_OF)
+    prev = lo
+    for at, category, delta in edges:
+        if at > prev and prev < hi:
+            upto = at if at < hi else hi
+            ns[(mask & -mask).bit_length() - 1 if mask else outside_at] += upto - prev
+            prev = upto
+        count = open_[category] = open_[category] + delta
+        if count:
+            mask |= 1 << category
+        else:
+            mask &= ~(1 << category)
+    if prev < hi:
+        ns[(mask & -mask).bit_length() - 1 if mask else outside_at] += hi - prev
+    for category, part in enumerate(_PART_OF):
+        parts[part] += ns[category]
+    left = ns[outside_at]
     outside = outside or {}
     device = min(max(int(outside.get(sc.PART_DEVICE_WAIT, 0)), 0), left)
     busy = min(max(int(outside.get(sc.PART_HOST_BUSY, 0)), 0), left - device)
