@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 from otel_train import __version__
 
@@ -24,12 +26,41 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, whose usage errors are one line, ``otel-train <command>: <what is
+    wrong>``, as the commands' own errors are (not the usage block, which buries the line
+    that matters under the options). The subcommands' parsers are of this class too."""
+
+    #: the command named on the command line, for errors the top-level parser reports about
+    #: its arguments (``unrecognized arguments``)
+    named_command: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        prog = f"{self.prog} {self.named_command}" if self.named_command else self.prog
+        self.exit(2, f"{prog}: {message} (see {prog} --help)\n")
+
+
+def integer_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer of ``minimum`` or more (counts, sizes, ranks)."""
+    def read(raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be {minimum} or more, not {value}")
+        return value
+
+    return read
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser, with ``command``'s full arguments; the others are listed by name only."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="otel-train",
         description="OpenTelemetry observability for distributed PyTorch training.",
     )
+    parser.named_command = command if command in SUBCOMMANDS else None
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in SUBCOMMANDS.items():

@@ -130,6 +130,8 @@ def match(rows: ArrivalRows) -> Matching:
     out = Matching(members=members)
     for key, seq in sorted(members):
         found = _late_arrival(rows, members[(key, seq)])
+        if found == "alone":  # a group of one rank (a world of one): nothing to compare
+            continue
         if found == "unmatched":
             out.unmatched += 1
         elif found == "mismatched":
@@ -146,6 +148,8 @@ def match(rows: ArrivalRows) -> Matching:
 def _late_arrival(rows: ArrivalRows, index: list[int]) -> tuple[int, int, int, int] | str:
     """(rank, lag in ns, step, op id) of the last of one collective's arrivals."""
     size = max(rows.sizes[i] for i in index)
+    if size == 1 and len(index) == 1:
+        return "alone"
     if len(index) < max(2, size):
         return "unmatched"
     ranks = {rows.ranks[i] for i in index}

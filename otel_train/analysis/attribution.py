@@ -33,6 +33,13 @@ MIN_EXPLAINING_S = 0.001
 #: above the typical step (else the phases do not hold where the time went)
 EXPLAINED_SHARE_OF_EXCESS = 0.25
 SIGNAL_CPU_THROTTLED = "cpu_throttled"
+#: a step is listed among the slowest only when it took at least this share of the typical
+#: (median steady) step longer than it, and ``MIN_EXPLAINING_S``: below that it is jitter,
+#: and a run without such a step lists none (a 5-step run does not list its every step)
+SLOW_STEP_SHARE = 0.2
+#: with fewer steady steps than this the typical step is a guess: when no step stands out
+#: the report says there were too few to rank
+MIN_RANKED_STEPS = 10
 
 
 def quantile(ordered: list[float], q: float) -> float:
@@ -82,6 +89,7 @@ def rank_breakdowns(table: StepTable, by_rank: dict[int, list[int]]) -> list[Ran
             phase_mean_s={p: sum(col[i] for i in rows) / len(rows)
                           for p, col in table.phases.items()},
             quantiles_s=[quantile(ordered, q) for q in (0, 0.25, 0.5, 0.75, 0.95, 1)],
+            mean_s=sum(table.durations[i] for i in rows) / len(rows),
             untimed_split_s={
                 **{p: sum(col[i] for i in rows) / len(rows)
                    for p, col in table.untimed_parts.items()},
@@ -100,6 +108,60 @@ def step_durations(table: StepTable, step_spans: dict[int, tuple[str, float]]) -
     return durations
 
 
+def rankable_steps(durations: dict[int, float], warm: set[int]) -> tuple[set[int], str | None]:
+    """The steps worth listing among the slowest: those at least ``SLOW_STEP_SHARE`` of the
+    typical (median steady) step longer than it; and, where there are none, why (None
+    where there are)."""
+    steady = [d for s, d in durations.items() if s not in warm] or list(durations.values())
+    if not steady:
+        return set(), None
+    typical = median(steady)
+    margin = max(MIN_EXPLAINING_S, SLOW_STEP_SHARE * typical)
+    out = {s for s, d in durations.items() if d - typical >= margin}
+    if out:
+        return out, None
+    n = sum(1 for s in durations if s not in warm)
+    if n < MIN_RANKED_STEPS:
+        return out, f"too few steps to rank ({n} steady)"
+    return out, (f"no step took {SLOW_STEP_SHARE:.0%} longer than the typical step "
+                 f"({typical * 1e3:.3g} ms, {n} steady steps)")
+
+
+def steady_throughput(table: StepTable, by_rank: dict[int, list[int]],
+                      per_step: dict[int, tuple[float, float]] | None = None
+                      ) -> tuple[dict[int, tuple[float | None, float | None]], str | None]:
+    """Each rank's steady-state (samples/s, tokens/s): the samples (tokens) of its rows
+    ``by_rank`` (the steady steps) over their time; and where the samples came from.
+
+    A row's samples are its rank_step span's (``training.samples``); where the spans do not
+    say, ``per_step[rank]`` (samples, tokens) a step, from the counters over the trained
+    steps. A rank with neither has None."""
+    table.pad()
+    out: dict[int, tuple[float | None, float | None]] = {}
+    sources: set[str] = set()
+    for rank, rows in by_rank.items():
+        seconds = sum(table.durations[i] for i in rows)
+        rates: list[float | None] = []
+        for column, k in ((table.samples, 0), (table.tokens, 1)):
+            known = [column[i] for i in rows if column[i] >= 0]
+            fallback = (per_step or {}).get(rank)
+            if len(known) == len(rows) and any(known):
+                total, source = sum(known), "spans"
+            elif fallback is not None and fallback[k] > 0:
+                total, source = fallback[k] * len(rows), "counters"
+            else:
+                rates.append(None)
+                continue
+            rates.append(total / seconds if seconds > 0 and total > 0 else None)
+            if rates[-1] is not None:
+                sources.add(source)
+        out[rank] = (rates[0], rates[1])
+    source = "spans" if sources == {"spans"} else ("counters" if sources else None)
+    if len(sources) > 1:
+        source = "spans and counters"
+    return out, source
+
+
 PhaseStarts = Callable[[int, str], dict[int, int]]
 CollectiveSeconds = Callable[[int], dict[int, float]]
 LateOfStep = Callable[[int], tuple[int, float] | None]
@@ -110,8 +172,10 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
                collective_s: CollectiveSeconds | None = None,
                world_ranks: set[int] | None = None,
                late_of_step: LateOfStep | None = None,
-               collectives: GpuIntervals | None = None) -> list[SlowStep]:
-    """The ``top`` slowest steps, each blamed on the (rank, phase) furthest above typical.
+               collectives: GpuIntervals | None = None,
+               candidates: set[int] | None = None) -> list[SlowStep]:
+    """The ``top`` slowest steps (of ``candidates``, where given: the others still set the
+    typical step), each blamed on the (rank, phase) furthest above typical.
 
     A host blocked on its device (``device_wait``: on NCCL, where a rank waiting for a late
     peer finds out at its next blocking call, often in the next step) is never the cause:
@@ -151,6 +215,8 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
     for step in sorted(durations, key=lambda s: durations[s], reverse=True):
         if len(out) >= top:
             break
+        if candidates is not None and step not in candidates:
+            continue
         slow = blame.followed(step)
         if slow is None:
             slow = blame.step(step, phase_starts, collective_s, late_of_step)
@@ -344,6 +410,10 @@ def _explain(slow: SlowStep, table: StepTable, index: int | None, excess: float,
         slow.unexplained = f"no telemetry from rank {named} for this step{seen}"
         return
     if throttled:
+        return
+    if step_excess < MIN_EXPLAINING_S:  # no longer than the typical step: nothing to explain
+        if index is None:
+            slow.unexplained = "no rank's step of it was recorded"
         return
     if index is None or excess < max(MIN_EXPLAINING_S, EXPLAINED_SHARE_OF_EXCESS * step_excess):
         slow.unexplained = (f"its phases hold {max(excess, 0.0):.3g} s of the "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from otel_train import semconv as sc
@@ -10,12 +10,14 @@ from otel_train.analysis import arrivals as arr
 from otel_train.analysis import attribution as st
 from otel_train.analysis.device_waits import GpuIntervals
 from otel_train.analysis.fates import rank_fates
+from otel_train.analysis.goodput import goodput
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
 from otel_train.analysis.report_model import (
     Bar,
     CollectiveRow,
     CompileSummary,
+    Goodput,
     RankFate,
     RankResources,
     Report,
@@ -72,14 +74,17 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     world = traces.world_size or len(by_rank)
     gpu = GpuIntervals(traces.arrivals, matching)
 
-    def blamed(steps: dict[int, float], n: int) -> list[SlowStep]:
-        return st.slow_steps(table, steps, n, lambda step, phase: _phase_starts(
+    def blamed(steps: set[int], n: int) -> list[SlowStep]:
+        return st.slow_steps(table, durations, n, lambda step, phase: _phase_starts(
             spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
             set(range(world)) | set(by_rank),
-            late_of_step=arr.late_of_step(lateness, durations), collectives=gpu)
+            late_of_step=arr.late_of_step(lateness, durations), collectives=gpu,
+            candidates=steps)
 
-    slow = blamed(durations, top)  # every step: a first compile can be the slowest
-    warmup = blamed(warm_durations, len(warm_durations)) if warm_durations else []
+    # every step that stands out: a first compile can be the slowest; jitter is not listed
+    rankable, slow_note = st.rankable_steps(durations, warm)
+    slow = blamed(rankable, top) if rankable else []
+    warmup = blamed(set(warm_durations), len(warm_durations)) if warm_durations else []
     warmup.sort(key=lambda s: s.step)
     for slow_step in slow + warmup:
         slow_step.late_arrival = lateness.get(slow_step.step)
@@ -89,8 +94,15 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     # a column shown where it holds time: below a microsecond a step it is clock rounding
     used = [p for p in PHASES if sum(table.phases[p]) > 1e-6 * max(len(table), 1)]
     wall = _wall_s(traces, metrics)
-    samples = sum(metrics.per_rank_total(sc.METRIC_SAMPLES).values())
-    tokens = sum(metrics.per_rank_total(sc.METRIC_TOKENS).values())
+    samples_of = metrics.per_rank_total(sc.METRIC_SAMPLES)
+    tokens_of = metrics.per_rank_total(sc.METRIC_TOKENS)
+    samples, tokens = sum(samples_of.values()), sum(tokens_of.values())
+    trained = _trained_steps_per_rank(metrics)
+    per_step = {r: (samples_of.get(r, 0.0) / n, tokens_of.get(r, 0.0) / n)
+                for r, n in trained.items() if n}
+    rates, rate_source = st.steady_throughput(table, by_rank, per_step)
+    for row in rank_rows:
+        row.samples_per_s, row.tokens_per_s = rates.get(row.rank, (None, None))
     return Report(
         run_id=",".join(sorted(traces.run_ids)) or run_dir.name,
         world_size=traces.world_size or len(by_rank),
@@ -104,8 +116,15 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
                                     for s in slow[:timelines]],
         over_time=over_time, collectives=_collectives(traces, metrics),
         compile=_compile(traces, metrics), resources=_resources(metrics),
-        samples_per_s=samples / wall if samples and wall else None,
-        tokens_per_s=tokens / wall if tokens and wall else None,
+        steady_samples_per_s=_total(r[0] for r in rates.values()),
+        steady_tokens_per_s=_total(r[1] for r in rates.values()),
+        throughput_source=rate_source,
+        run_samples_per_s=samples / wall if samples and wall else None,
+        run_tokens_per_s=tokens / wall if tokens and wall else None,
+        goodput=goodput(metrics, traces, all_rows, warm, wall, trained)
+        if len(traces.run_ids) <= 1 else Goodput(wall_s=wall, note=(
+            f"not computed: the files mix {len(traces.run_ids)} runs (pick one: --run-id)")),
+        slow_steps_note=slow_note,
         dropped={str(p.attributes.get(sc.ATTR_SIGNAL, "?")): p.value
                  for p in metrics.series(sc.METRIC_TELEMETRY_DROPPED)},
         arrivals=arr.summarise(traces.arrivals, matching, lateness, durations),
@@ -154,6 +173,21 @@ def _wall_s(traces: TraceDigest, metrics: MetricsDigest) -> float:
         starts, ends = zip(*traces.run_spans.values(), strict=True)
         return (max(ends) - min(starts)) / 1e9
     return metrics.window_s()
+
+
+def _total(values: Iterable[float | None]) -> float | None:
+    """The sum of the values that are known; None when none is."""
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def _trained_steps_per_rank(metrics: MetricsDigest) -> dict[int, int]:
+    """Each rank's trained steps: its step histogram's count."""
+    out: dict[int, int] = {}
+    for point in metrics.series(sc.METRIC_STEP_DURATION):
+        if point.rank is not None:
+            out[point.rank] = out.get(point.rank, 0) + point.count
+    return out
 
 
 def _trained_steps(metrics: MetricsDigest) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import warnings
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 from otel_train.analysis.build import build_report
 from otel_train.analysis.otlp import DamagedFileWarning, no_such_run, resolve_run_dir
 from otel_train.analysis.terminal import render_terminal
+from otel_train.cli import integer_at_least
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "the newest is read)")
     parser.add_argument("--run-id", help="only this run (files holding several runs, such as "
                         "a collector's output)")
-    parser.add_argument("--top", type=int, default=10, help="slowest steps to list")
-    parser.add_argument("--timelines", type=int, default=3,
+    parser.add_argument("--top", type=integer_at_least(0), default=10,
+                        help="slowest steps to list")
+    parser.add_argument("--timelines", type=integer_at_least(0), default=3,
                         help="slowest steps drawn as timelines in --html")
     parser.add_argument("--html", type=Path, metavar="FILE", help="also write one "
                         "self-contained HTML file with the plots")
@@ -35,12 +38,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    unwritable = args.html and cannot_write(args.html)
+    if unwritable:  # said before the run is read, which takes a while on a large one
+        print(f"otel-train report: --html {unwritable}", file=sys.stderr)
+        return 2
     try:
         run_dir = resolve_run_dir(args.run, args.run_id)
         with damage_on_stderr():
             report = build_report(run_dir, top=args.top, timelines=args.timelines,
                                   run_id=args.run_id)
-    except FileNotFoundError as err:
+    except OSError as err:  # what was asked is not there, or cannot be read (permissions)
         print(f"otel-train report: {err}", file=sys.stderr)
         return 2
     if not report.ranks and report.trained_steps is None:  # not a report of an empty run
@@ -51,7 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if args.html:
         from otel_train.analysis.html import render_html
 
-        args.html.write_text(render_html(report), encoding="utf-8")
+        try:
+            args.html.write_text(render_html(report), encoding="utf-8")
+        except OSError as err:  # the disk filled, or the folder went since it was checked
+            print(f"otel-train report: cannot write --html {args.html}: {err}",
+                  file=sys.stderr)
+            return 1
     if args.json:
         json.dump(report.to_dict(), sys.stdout, indent=1)
         sys.stdout.write("\n")
@@ -60,6 +72,23 @@ def run(args: argparse.Namespace) -> int:
         if args.html:
             print(f"wrote {args.html}")
     return 0
+
+
+def cannot_write(path: Path) -> str | None:
+    """Why a file cannot be written at ``path`` (its folder is missing, is no folder, or is
+    read-only; ``path`` is a folder), or None where it can."""
+    folder = path.parent
+    if path.is_dir():
+        return f"{path} is a folder; give the file to write, such as {path / 'report.html'}"
+    if not folder.exists():
+        return f"{path}: its folder {folder} does not exist"
+    if not folder.is_dir():
+        return f"{path}: {folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{path}: the folder {folder} is not writable"
+    if path.exists() and not os.access(path, os.W_OK):
+        return f"{path} is not writable"
+    return None
 
 
 @contextlib.contextmanager

@@ -19,6 +19,13 @@ class RankBreakdown:
     #: the mean untimed seconds a step, split: the host blocked on the device
     #: (``device_wait``), busy on the host (``host_busy``), and ``not_explained``
     untimed_split_s: dict[str, float] = field(default_factory=dict)
+    #: the mean step: the sum of ``phase_mean_s`` (the parts are disjoint and add up to the
+    #: step), which is the mean of its steps' durations
+    mean_s: float = 0.0
+    #: this rank's steady-state throughput: the samples (tokens) of its steady steps over
+    #: their time; None where not recorded
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
 
 
 #: a step waited for its late rank when it arrived this share of the step's duration after
@@ -325,6 +332,49 @@ class RankResources:
     cpu_throttled_s: float | None = None
 
 
+#: the goodput buckets the report adds to the SDK's (semconv.GOODPUT_BUCKETS), so that
+#: they add up to the run's wall clock: the mean rank's time after its last step's end to
+#: its run span's end (final export, teardown), and the rest of the wall clock (ranks that
+#: started or ended at other moments than the first and the last)
+GOODPUT_AFTER_LAST_STEP = "after_last_step"
+GOODPUT_OTHER = "other"
+
+
+@dataclass
+class GoodputRank:
+    rank: int
+    #: its seconds in each bucket (semconv.GOODPUT_BUCKETS), adding up to ``total_s``
+    buckets_s: dict[str, float]
+    #: its start to its last step's end
+    total_s: float
+    #: its seconds CPU-throttled by its cgroup (overlaps the buckets); None where not measured
+    cpu_throttled_s: float | None = None
+
+
+@dataclass
+class Goodput:
+    """The run's wall clock split into productive time and named losses (analysis/goodput.py,
+    docs/report.md "Goodput")."""
+
+    #: where the buckets come from: "metrics" (the ranks' ``training.goodput.time``),
+    #: "traces" (derived from run and step spans, every step sampled), or None: not recorded
+    source: str | None = None
+    #: the run's wall clock: the first rank's start to the last rank's end
+    wall_s: float = 0.0
+    #: mean seconds over the ranks in each bucket, plus ``after_last_step`` and ``other``;
+    #: they add up to ``wall_s``
+    buckets_s: dict[str, float] = field(default_factory=dict)
+    productive_s: float = 0.0
+    #: productive / wall clock; None when not recorded
+    ratio: float | None = None
+    ranks: list[GoodputRank] = field(default_factory=list)
+    #: the mean rank's seconds CPU-throttled by its cgroup: a cause beside the buckets, not a
+    #: bucket (the throttled time lies inside them); None where not measured
+    cpu_throttled_s: float | None = None
+    #: why it is not recorded, or what to know about it
+    note: str | None = None
+
+
 @dataclass
 class Report:
     run_id: str
@@ -355,8 +405,6 @@ class Report:
     collectives: list[CollectiveRow]
     compile: CompileSummary
     resources: list[RankResources]
-    samples_per_s: float | None
-    tokens_per_s: float | None
     dropped: dict[str, float]
     arrivals: Arrivals = field(default_factory=Arrivals)
     #: ranks whose run did not end well, the first to fail first (analysis/fates.py)
@@ -370,6 +418,31 @@ class Report:
     #: ranks of the world none of whose spans could be read although their traces file
     #: holds something (damaged or truncated: the readers name the file and line)
     unreadable_ranks: list[int] = field(default_factory=list)
+    #: steady-state throughput, as users quote it: each rank's samples (tokens) of its
+    #: steady steps over their time, summed over the ranks (data parallel: each rank trains
+    #: its own samples); warm-up and compile steps left out. None where not recorded
+    steady_samples_per_s: float | None = None
+    steady_tokens_per_s: float | None = None
+    #: where the samples per step came from: "spans" (``training.samples`` on the rank steps)
+    #: or "counters" (the samples counter over the trained steps)
+    throughput_source: str | None = None
+    #: the whole run's: the samples (tokens) counters over the wall clock, warm-up included
+    run_samples_per_s: float | None = None
+    run_tokens_per_s: float | None = None
+    goodput: Goodput = field(default_factory=Goodput)
+    #: why ``slow_steps`` lists fewer steps than asked, or none ("too few steps to rank (5
+    #: steady)"): only steps meaningfully above the typical step are listed
+    slow_steps_note: str | None = None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        """Deprecated alias (not in the JSON): the steady-state rate, else the whole run's."""
+        return self.steady_samples_per_s or self.run_samples_per_s
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Deprecated alias (not in the JSON): the steady-state rate, else the whole run's."""
+        return self.steady_tokens_per_s or self.run_tokens_per_s
 
     @property
     def missing_ranks(self) -> list[int]:

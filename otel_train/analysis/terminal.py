@@ -18,7 +18,9 @@ from rich.padding import Padding
 from rich.table import Table
 from rich.text import Text
 
+from otel_train import semconv as sc
 from otel_train.analysis.arrivals import LATE_STEP_SHARE
+from otel_train.analysis.goodput import BUCKETS
 from otel_train.analysis.report_model import RankBreakdown, Report
 from otel_train.analysis.traces import NOT_EXPLAINED, UNTIMED, UNTIMED_PARTS
 
@@ -59,6 +61,9 @@ def render_terminal(report: Report, console: Console | None = None) -> None:
                   _resource_table(report)):
         if table.row_count:
             print_fitted(console, [table])
+    if report.slow_steps_note and not report.slow_steps:
+        console.print(f"slowest steps: none listed: {escape(report.slow_steps_note)}")
+    print_goodput(console, report)
     console.print(_compile_line(report))
     if any(report.dropped.values()):
         console.print(f"[bold red]telemetry dropped[/]: {report.dropped}")
@@ -120,7 +125,8 @@ def _plain(value: RenderableType) -> str:
 
 def _header(report: Report) -> str:
     trained = f" of {report.trained_steps} trained" if report.trained_steps else ""
-    lines = [f"[bold]run {report.run_id}[/]: {report.world_size} ranks, "
+    ranks = "rank" if report.world_size == 1 else "ranks"
+    lines = [f"[bold]run {report.run_id}[/]: {report.world_size} {ranks}, "
              f"{report.sampled_steps} sampled steps{trained}, wall {fmt_s(report.wall_s)}"]
     for fate in report.rank_fates:
         lines.append(f"[bold red]{escape(fate.sentence)}[/]")
@@ -135,10 +141,28 @@ def _header(report: Report) -> str:
     lines.extend(warmup_lines(report))
     lines.extend(straggler_lines(report, bold=True))
     lines.extend(arrival_lines(report, bold=True))
-    if report.samples_per_s:
-        tokens = f", {report.tokens_per_s:,.0f} tokens/s" if report.tokens_per_s else ""
-        lines.append(f"throughput: {report.samples_per_s:,.1f} samples/s{tokens}")
+    lines.extend(throughput_lines(report))
     return "\n".join(lines)
+
+
+def _rate(samples: float | None, tokens: float | None) -> str:
+    text = f"{samples:,.1f} samples/s" if samples else ""
+    if tokens:
+        text += (", " if text else "") + f"{tokens:,.0f} tokens/s"
+    return text
+
+
+def throughput_lines(report: Report) -> list[str]:
+    """The steady-state throughput, as users quote it, and the whole run's (terminal and
+    HTML)."""
+    steady = _rate(report.steady_samples_per_s, report.steady_tokens_per_s)
+    run = _rate(report.run_samples_per_s, report.run_tokens_per_s)
+    if steady:
+        ranks = len([r for r in report.rank_rows if r.samples_per_s or r.tokens_per_s])
+        text = (f"throughput: {steady} in the steady state ({report.steady_steps} steps, "
+                f"summed over {ranks} rank{'s' if ranks != 1 else ''})")
+        return [text + (f"; whole run, warm-up included: {run}" if run else "")]
+    return [f"throughput (whole run, warm-up included): {run}"] if run else []
 
 
 PHASE_TITLE = ("Where the step time went, per rank, in the steady state: mean ms per "
@@ -195,19 +219,26 @@ def column_s(row: RankBreakdown, kind: str, key: str) -> float:
     return (row.untimed_split_s if kind == "split" else row.phase_mean_s).get(key, 0.0)
 
 
+def step_mean_s(row: RankBreakdown) -> float:
+    """The rank's mean step as the per-rank tables show it: the sum of its columns (the
+    step's parts, disjoint, which add up to the step), so that the shares add up to 100%."""
+    return sum(row.phase_mean_s.values())
+
+
 def _per_rank_table(report: Report, title: str, times: bool, phases: bool) -> Table:
     table = Table(title=title)
     columns = phase_columns(report) if phases else []
-    headers = ["rank"] + (["steps", "median", "p95", "max"] if times else [])
+    headers = ["rank"] + (["steps", "mean", "median", "p95", "max"] if times else [])
     headers += [header for header, _, _ in columns]
     for header in headers:
         table.add_column(header, justify="right")
     for row in report.rank_rows:
         cells = [str(row.rank)]
         if times:
-            cells += [str(row.steps), fmt_s(row.median_s), fmt_s(row.p95_s), fmt_s(row.max_s)]
+            cells += [str(row.steps), fmt_s(step_mean_s(row)), fmt_s(row.median_s),
+                      fmt_s(row.p95_s), fmt_s(row.max_s)]
         if phases:
-            step_mean = sum(row.phase_mean_s.values()) or 1.0
+            step_mean = step_mean_s(row) or 1.0
             cells += [f"{column_s(row, kind, key) * 1e3:.1f} "
                       f"{column_s(row, kind, key) / step_mean:.0%}" for _, kind, key in columns]
         style = "bold red" if row.rank == report.straggler else None
@@ -309,6 +340,8 @@ def arrival_lines(report: Report, bold: bool = False) -> list[str]:
     collectives, matched across ranks by sequence number, and what could not be compared."""
     b, e = ("[bold]", "[/]") if bold else ("", "")
     a = report.arrivals
+    if report.world_size <= 1:  # one rank: nobody to arrive before or after
+        return []
     skipped = [f"{n} {what}" for n, what in (
         (a.unmatched, "seen on only some ranks"),
         (a.mismatched, "whose sequence numbers did not line up across ranks"),
@@ -330,3 +363,78 @@ def arrival_lines(report: Report, bold: bool = False) -> list[str]:
              if a.worst is not None else "")
     return [f"late arrivals ({a.matched} collectives matched across ranks): "
             f"{verdict}{worst}{not_compared}"]
+
+
+# --- goodput ---------------------------------------------------------------------------------
+
+#: the goodput buckets as the report names them
+GOODPUT_LABELS = {
+    "productive": "productive (steady steps' compute)",
+    "startup": "startup (to the first step)",
+    "compile": "compile",
+    "warmup": "warm-up steps (less compile)",
+    "data_wait": "data wait",
+    "exposed_comm": "exposed communication",
+    "device_wait": "blocked on device",
+    "outside_phases": "outside the phases (host work, not explained)",
+    "between_steps": "between steps (eval, checkpoints)",
+    "after_last_step": "after the last step (teardown)",
+    "other": "other (ranks' start and end apart)",
+}
+#: ranks shown as columns of the goodput table, at most
+GOODPUT_RANK_COLUMNS = 8
+
+
+def goodput_lines(report: Report) -> list[str]:
+    """The goodput verdict in words (terminal and HTML)."""
+    g = report.goodput
+    if g.source is None:
+        return [f"goodput: {g.note}"] if g.note else []
+    where = (sc.METRIC_GOODPUT_TIME if g.source == "metrics"
+             else "derived from the run and step spans")
+    text = (f"goodput: {g.ratio or 0:.0%} of the run's wall clock {fmt_s(g.wall_s)} was "
+            f"productive ({fmt_s(g.productive_s)} of steady steps' compute, mean over "
+            f"{len(g.ranks)} rank{'s' if len(g.ranks) != 1 else ''}; {where})")
+    lines = [text]
+    throttled = [r for r in g.ranks if r.cpu_throttled_s]
+    if throttled:
+        most = max(throttled, key=lambda r: r.cpu_throttled_s or 0.0)
+        lines.append(f"cause beside the buckets: CPU throttling by the cgroup's quota, "
+                     f"{fmt_s(g.cpu_throttled_s)} a rank on average, rank {most.rank} the most "
+                     f"({fmt_s(most.cpu_throttled_s)}); it lies inside the buckets above, not "
+                     "added to them")
+    if g.note:
+        lines.append(f"goodput: {g.note}")
+    return lines
+
+
+def print_goodput(console: Console, report: Report) -> None:
+    g = report.goodput
+    lines = goodput_lines(report)
+    if g.source is not None:
+        print_fitted(console, [_goodput_table(report, per_rank=True)],
+                     [_goodput_table(report, per_rank=False)])
+    for line in lines:
+        console.print(escape(line))
+
+
+def _goodput_table(report: Report, per_rank: bool) -> Table:
+    g = report.goodput
+    table = Table(title="Goodput: the run's wall clock, productive time and losses "
+                  "(mean over ranks)")
+    table.add_column("bucket", justify="left")
+    table.add_column("time", justify="right")
+    table.add_column("share", justify="right")
+    ranks = g.ranks if per_rank and len(g.ranks) <= GOODPUT_RANK_COLUMNS else []
+    for rank in ranks:
+        table.add_column(f"rank {rank.rank}", justify="right")
+    for bucket in BUCKETS:
+        seconds = g.buckets_s.get(bucket, 0.0)
+        if not seconds and bucket != "productive":
+            continue
+        share = f"{seconds / g.wall_s:.0%}" if g.wall_s else "-"
+        cells = [fmt_s(r.buckets_s[bucket]) if bucket in r.buckets_s else "" for r in ranks]
+        table.add_row(GOODPUT_LABELS.get(bucket, bucket), fmt_s(seconds), share, *cells)
+    table.add_row("wall clock", fmt_s(g.wall_s), "100%",
+                  *[fmt_s(r.total_s) for r in ranks], style="bold")
+    return table

@@ -177,6 +177,10 @@ class StepTable:
     #: GPU time of each of ``GPU_PHASES``, 0 where not recorded (CPU runs)
     gpu_phases: dict[str, array] = field(
         default_factory=lambda: {p: array("d") for p in GPU_PHASES})
+    #: the samples and tokens the rank trained in the step (``training.samples``,
+    #: ``training.tokens`` of its rank_step span), -1 where the span does not say
+    samples: array = field(default_factory=lambda: array("d"))
+    tokens: array = field(default_factory=lambda: array("d"))
 
     def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float,
             events: list[dict[str, Any]] | None = None) -> None:
@@ -199,6 +203,8 @@ class StepTable:
             column.append(parts[part])
         for phase, column in self.gpu_phases.items():
             column.append(float(attrs.get(sc.ATTR_PHASE_GPU_TOTAL_PREFIX + phase, 0.0)))
+        self.samples.append(float(attrs.get(sc.ATTR_SAMPLES, -1.0)))
+        self.tokens.append(float(attrs.get(sc.ATTR_TOKENS, -1.0)))
 
     def extend(self, other: StepTable) -> None:
         base = len(self.steps)
@@ -212,13 +218,17 @@ class StepTable:
                              (self.gpu_phases, other.gpu_phases)):
             for name, column in mine.items():
                 column.extend(theirs[name])
+        self.samples.extend(other.samples)
+        self.tokens.extend(other.tokens)
 
     def pad(self) -> StepTable:
-        """Zeros for the untimed parts and GPU times of rows added without them (tables
-        built column by column)."""
+        """Zeros for the untimed parts and GPU times of rows added without them, and -1
+        (not said) for their samples and tokens (tables built column by column)."""
         for columns in (self.untimed_parts, self.gpu_phases):
             for column in columns.values():
                 column.extend([0.0] * (len(self.steps) - len(column)))
+        for column in (self.samples, self.tokens):
+            column.extend([-1.0] * (len(self.steps) - len(column)))
         return self
 
     def not_explained(self, row: int) -> float:
@@ -308,6 +318,8 @@ class TraceDigest:
     run_ends: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
     #: rank: (step, end ns) of its last train.rank_step
     last_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: rank: (step, start ns) of its first train.rank_step
+    first_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
     run_ids: set[str] = field(default_factory=set)
     world_size: int = 0
     #: pass one's files and where each trace's spans are in them (pass two reads only those)
@@ -326,6 +338,9 @@ class TraceDigest:
             rank, step = self.table.ranks[-1], self.table.steps[-1]
             if step >= self.last_steps.get(rank, (-1, 0))[0]:
                 self.last_steps[rank] = (step, end_ns)
+            first = self.first_steps.get(rank)
+            if first is None or step < first[0]:
+                self.first_steps[rank] = (step, start_ns)
         else:
             self._add_other(name, raw, resource, start_ns, end_ns)
         run_id = resource.get(sc.RES_RUN_ID)
@@ -376,6 +391,9 @@ class TraceDigest:
         for rank, last in other.last_steps.items():
             if last[0] >= self.last_steps.get(rank, (-1, 0))[0]:
                 self.last_steps[rank] = last
+        for rank, first in other.first_steps.items():
+            if rank not in self.first_steps or first[0] < self.first_steps[rank][0]:
+                self.first_steps[rank] = first
         self.run_ids |= other.run_ids
         self.world_size = max(self.world_size, other.world_size)
         for trace_id, where in other.lines.items():

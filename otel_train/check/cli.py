@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -24,15 +25,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "(nothing verified).")
     parser.add_argument("run", type=Path, nargs="?", help="run directory (or the root "
                         "holding runs: the newest is read)")
-    parser.add_argument("--prometheus", metavar="URL", help="Prometheus base URL (HTTP API)")
+    parser.add_argument("--prometheus", metavar="URL", type=base_url,
+                        help="Prometheus base URL (HTTP API)")
     parser.add_argument("--run-id", help="only this run (files holding several runs, such as "
                         "a collector's output, and live series)")
-    parser.add_argument("--jaeger", metavar="URL", help="Jaeger query base URL (HTTP API, "
+    parser.add_argument("--jaeger", metavar="URL", type=base_url,
+                        help="Jaeger query base URL (HTTP API, "
                         "e.g. http://127.0.0.1:16686); needs the run id")
-    parser.add_argument("--loki", metavar="URL", help="Loki base URL (HTTP API, "
+    parser.add_argument("--loki", metavar="URL", type=base_url,
+                        help="Loki base URL (HTTP API, "
                         "e.g. http://127.0.0.1:3100); needs the run id")
     parser.add_argument("--json", action="store_true", help="print JSON only")
     parser.set_defaults(func=run)
+
+
+def base_url(raw: str) -> str:
+    """An argparse ``type``: a backend's base URL, ``http(s)://host[:port][/path]``; what is
+    none is a usage error at once, not a source that could not be read after the others
+    were (urllib's "unknown url type" for ``host:port`` without its scheme)."""
+    try:
+        parts = urllib.parse.urlsplit(raw)
+        parts.port  # noqa: B018 - raises ValueError where the port is no number or too large
+    except ValueError as err:  # "Invalid IPv6 URL", "Port out of range 0-65535"
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a URL ({err})") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not an http:// or https:// URL "
+                                         "(give the base URL, http://host:port)")
+    if parts.query or parts.fragment:
+        raise argparse.ArgumentTypeError(f"{raw!r}: give the base URL, without ?query or "
+                                         "#fragment (the API paths are appended to it)")
+    return raw
 
 
 def gather_results(args: argparse.Namespace) -> tuple[list[CheckResult], list[str]]:
@@ -105,9 +127,9 @@ def _live_exemplars(prometheus: str, run_id: str) -> frozenset[tuple[str, str]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.run is None and not (args.prometheus or args.jaeger or args.loki):
-        print("otel-train check: give a run directory or a live endpoint (--prometheus ...)",
-              file=sys.stderr)
+    wrong = usage_error(args)
+    if wrong:
+        print(f"otel-train check: {wrong}", file=sys.stderr)
         return 2
     results, unread = gather_results(args)
     if args.json:
@@ -121,6 +143,20 @@ def run(args: argparse.Namespace) -> int:
         print("otel-train check: no checklist item was applicable to what was given; nothing "
               "was verified", file=sys.stderr)
     return status
+
+
+def usage_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments as given, before any source is read: nothing to
+    check, or a backend that needs a run id where nothing can give it."""
+    if args.run is None and not (args.prometheus or args.jaeger or args.loki):
+        return "give a run directory or a live endpoint (--prometheus ...)"
+    if args.run is None and not args.run_id:  # else run.json may name it
+        for flag in ("--jaeger", "--loki"):
+            if getattr(args, flag[2:]):
+                return f"{flag} needs --run-id (or a run directory whose run.json names the run)"
+    if args.run_id is not None and not args.run_id.strip():
+        return "--run-id is empty"
+    return None
 
 
 def exit_status(results: list[CheckResult], unread: list[str] | None = None) -> int:

@@ -6,7 +6,10 @@ memory grows with the number of sampled steps, never with the number of spans.
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +18,7 @@ from otel_train import semconv as sc
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
 from otel_train.analysis.otlp import (
     Damage,
+    FileDamage,
     Span,
     decode_value,
     iter_log_records,
@@ -34,6 +38,10 @@ SPAN_KIND = {**SPAN_PHASE, sc.SPAN_RANK_STEP: "rank_step"}
 READ_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP})
 #: and, of a train.run span, how the rank's run ended
 RUN_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_STATUS, sc.ATTR_STEPS})
+#: the signals of a run directory, as its files' names begin
+SIGNALS = ("traces", "metrics", "logs")
+#: a rank's own file of one signal, as the embedded file exporter names it
+RANK_FILE = re.compile(r"(traces|metrics|logs)\.rank-(\d+)\.jsonl")
 
 
 #: name, trace id, span id, parent id, links, rank, world size, step (the last three as
@@ -263,6 +271,58 @@ class RunEvidence:
     live_exemplars: frozenset[tuple[str, str]] = frozenset()
     #: the lines of every signal's files that could not be read whole
     damage: Damage = field(default_factory=Damage)
+    #: rank files that should be there and are not (:func:`missing_rank_files`)
+    missing: list[Path] = field(default_factory=list)
+
+    def file_causes(self, signals: Iterable[str]) -> list[str]:
+        """The files of ``signals`` that could not be read whole, each with what is wrong in
+        a few words: what an item read from them names as the likely cause of its failure
+        (``telemetry_complete`` says it at length)."""
+        wanted = set(signals)
+        causes = [f"{path} ({_in_short(found)})" for path, found in self.damage.files.items()
+                  if signal_of(path) in wanted]
+        return causes + [f"{path} (missing)" for path in self.missing
+                         if signal_of(path) in wanted]
+
+
+def signal_of(path: Path) -> str | None:
+    """The signal whose telemetry a file holds, by its name (``traces.rank-0.jsonl``)."""
+    return next((signal for signal in SIGNALS if path.name.startswith(signal)), None)
+
+
+def _in_short(found: FileDamage) -> str:
+    torn = found.lines - (found.truncated_at is not None)
+    parts = [f"{torn} damaged line{'s' if torn > 1 else ''}"] if torn else []
+    if found.truncated_at is not None:
+        parts.append(f"truncated in line {found.truncated_at}")
+    return ", ".join(parts)
+
+
+def missing_rank_files(run_dir: Path, world_size: int) -> list[Path]:
+    """The rank files (``traces.rank-<N>.jsonl``...) of ranks below ``world_size`` that are
+    not there, of each signal some rank wrote a file of: the embedded exporter makes each
+    rank's file as it starts, so a missing one is a rank that never started instrumented, or
+    a copy of the run that left it out. A signal with no rank file at all is not missing: its
+    exporter was off, or a collector wrote the files (named otherwise)."""
+    present: dict[str, set[int]] = defaultdict(set)
+    for path in Path(run_dir).glob("*.rank-*.jsonl"):
+        match = RANK_FILE.fullmatch(path.name)
+        if match:
+            present[match[1]].add(int(match[2]))
+    return [Path(run_dir) / f"{signal}.rank-{rank}.jsonl" for signal in SIGNALS
+            if present[signal] for rank in range(world_size) if rank not in present[signal]]
+
+
+def declared_world_size(run_dir: Path, run_id: str | None = None) -> int:
+    """The world size rank 0 wrote to run.json (0 where there is none, or it is of another
+    run): it counts the ranks whose files are all missing, which the spans cannot."""
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+        if run_id and info.get("run_id") != run_id:
+            return 0
+        return max(0, int(info.get("world_size") or 0))
+    except (OSError, ValueError, TypeError, AttributeError):  # none, or damaged: no claim
+        return 0
 
 
 def gather(run_dir: Path, run_id: str | None = None,
@@ -291,5 +351,7 @@ def _gather(run_dir: Path, run_id: str | None, live_exemplars: frozenset[tuple[s
     log_files = signal_files(run_dir, sc.LOGS_GLOB)
     for record in iter_log_records(log_files, run_id, damage):
         logs.add(record.trace_id, record.span_id, record.attributes, record.body)
+    world = max(traces.world_size, max(traces.ranks, default=-1) + 1,
+                declared_world_size(run_dir, run_id))
     return RunEvidence(run_dir, metrics, traces, logs, bool(log_files), live_exemplars,
-                       damage)
+                       damage, missing_rank_files(run_dir, world))

@@ -157,6 +157,32 @@ def telemetry_complete(ev: RunEvidence) -> CheckResult:
     return _result("telemetry_complete", not problems, evidence, "; ".join(fixes))
 
 
+#: how far a rank's parts may be from its steps' sum (float sums of thousands of steps)
+PARTS_TOLERANCE = 0.01
+
+
+def step_parts_add_up(ev: RunEvidence) -> CheckResult:
+    """One account of a step's time: on every rank the parts of its steps
+    (``training.step.time`` by ``training.part``) add up to its steps' time (the sum of
+    ``training.step.duration``), so that every surface's shares add up to 100%."""
+    parts = ev.metrics.per_rank_total(sc.METRIC_STEP_TIME)
+    steps = {r: s for r, s in ev.metrics.per_rank_total(sc.METRIC_STEP_DURATION).items()
+             if s > 0}
+    if not parts:
+        return CheckResult("step_parts_add_up", NOT_APPLICABLE,
+                           f"no {sc.METRIC_STEP_TIME} metric (a run recorded before the "
+                           "step's parts: the report reads its phase totals)", "", SOURCE)
+    off = [f"rank {r}: parts {parts.get(r, 0.0):.4g} s of {s:.4g} s" for r, s in sorted(
+        steps.items()) if abs(parts.get(r, 0.0) - s) > PARTS_TOLERANCE * s]
+    evidence = ("; ".join(off) if off else f"{sc.METRIC_STEP_TIME} adds up to "
+                f"{sc.METRIC_STEP_DURATION}'s sum on all {len(steps)} ranks (within "
+                f"{PARTS_TOLERANCE:.0%})")
+    return _result("step_parts_add_up", not off, evidence,
+                   "a rank whose parts fall short lost points of one of the two metrics "
+                   "(telemetry_complete says which were dropped); one on an older otel-train "
+                   "records no parts")
+
+
 CHECKS: tuple[Callable[[RunEvidence], CheckResult], ...] = (
     exemplars, log_fields, launcher_context, per_rank_metrics, cpu_throttling_measured,
-    telemetry_complete)
+    step_parts_add_up, telemetry_complete)

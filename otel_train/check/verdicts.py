@@ -19,9 +19,26 @@ ITEMS = (
     ("per_rank_metrics", "metrics carry training.rank, so skew is visible, not averaged away"),
     ("cpu_throttling_measured", "CPU throttling is measured per rank"),
     ("throttling_alert", "the CPU throttling alert rule is loaded in Prometheus"),
+    ("step_parts_add_up", "each rank's step parts add up to its step time"),
     ("telemetry_complete", "no telemetry was dropped"),
 )
 TITLES = dict(ITEMS)
+#: the signals whose files each item of a run directory is read from: where one of them is
+#: damaged or missing, the item failing names it as the likely cause, ahead of its own fix
+#: (a sampler, span parenting), which is for whole files
+READS = {
+    "trace_coverage": ("traces",),
+    "same_trace_across_ranks": ("traces",),
+    "sampling_consistency": ("traces",),
+    "ranks_finished": ("traces",),
+    "exemplars": ("metrics", "traces"),
+    "log_fields": ("logs",),
+    "launcher_context": ("traces",),
+    "per_rank_metrics": ("metrics",),
+    "cpu_throttling_measured": ("metrics",),
+    "step_parts_add_up": ("metrics",),
+    "step_parts_add_up": ("metrics",),
+}
 
 
 @dataclass

@@ -27,7 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         print(nccl.plugin_path())
-    except nccl.PluginUnavailable as err:
-        print(f"otel-train: {err}", file=sys.stderr)
+    except (nccl.PluginUnavailable, OSError) as err:  # OSError: its source is not installed
+        print(f"otel-train nccl-plugin: {one_line(str(err))}", file=sys.stderr)
         return 1
     return 0
+
+
+def one_line(text: str) -> str:
+    """A compiler's complaint of several lines as one, as every otel-train error is (a
+    launcher's script that shows the last line of stderr shows all of it)."""
+    return " | ".join(line.strip() for line in text.splitlines() if line.strip()) or text

@@ -23,7 +23,7 @@ from support.report_fixtures import (
 
 from otel_train import semconv as sc
 from otel_train.check.rundir import check_run_dir
-from otel_train.check.verdicts import FAIL, NOT_APPLICABLE, PASS
+from otel_train.check.verdicts import FAIL, ITEMS, NOT_APPLICABLE, PASS
 from otel_train.cli import main
 
 LAUNCHER = ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
@@ -144,7 +144,7 @@ def test_dropped_telemetry_fails(copy: Path) -> None:
 def test_cli_json_and_exit_status(copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(copy), "--json"]) == 0
     healthy = json.loads(capsys.readouterr().out)
-    assert healthy["ok"] is True and len(healthy["checks"]) == 11
+    assert healthy["ok"] is True and len(healthy["checks"]) == len(ITEMS)
     break_exemplars(copy)
     assert main(["check", str(copy), "--json"]) == 1
     broken = json.loads(capsys.readouterr().out)
@@ -156,7 +156,7 @@ def test_cli_json_and_exit_status(copy: Path, capsys: pytest.CaptureFixture[str]
 def test_cli_table_shows_every_item(healthy: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(healthy)]) == 0
     out = capsys.readouterr().out
-    assert "sampling_consistency" in out and "PASS: 10 passed, 0 failed, 1 not applicable" in out
+    assert "sampling_consistency" in out and "PASS: 11 passed, 0 failed, 1 not applicable" in out
 
 
 def test_cli_without_a_source_exits_2(capsys: pytest.CaptureFixture[str]) -> None:

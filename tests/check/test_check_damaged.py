@@ -104,3 +104,55 @@ def test_damage_found_by_the_worker_processes_reaches_the_verdict(copy: Path) ->
     assert complete.status == FAIL
     assert f"traces.rank-1.jsonl: 1 damaged line (line {torn}: torn)" in complete.evidence
     assert f"traces.rank-0.jsonl: truncated: its last line, line {cut}," in complete.evidence
+
+
+# --- the items a damaged or missing rank file fails name it as their cause ---------------------
+
+
+def failed_items(body: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in body["checks"]
+            if c["status"] == FAIL and c["id"] != "telemetry_complete"}
+
+
+def test_a_torn_rank_file_is_the_cause_named_by_each_item_it_fails(
+        copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was named only under telemetry_complete; the items it failed (a rank vanished,
+    exemplars that resolve to no span) gave their own causes and fixes."""
+    path = copy / "traces.rank-1.jsonl"
+    line = damage.truncate_in_last_line(path)  # the rank's run span was in its last line
+    status, body, _ = check_json(capsys, str(copy))
+    assert status == 1
+    failed = failed_items(body)
+    assert "ranks_finished" in failed, body
+    for item in failed.values():
+        assert item["evidence"].startswith(
+            f"files damaged or missing, the likely cause: {path} (truncated in line {line})"), \
+            item
+        assert item["fix"].startswith("see to those files first"), item
+
+
+def test_missing_rank_files_are_named_and_fail_telemetry_complete(
+        copy: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """run.json says 2 ranks and only rank 0's files are there: the checklist advised a
+    ratio sampler and span parenting, and said no telemetry was lost."""
+    gone = [copy / f"{signal}.rank-1.jsonl" for signal in ("traces", "metrics", "logs")]
+    for path in gone:
+        path.unlink()
+    status, body, _ = check_json(capsys, str(copy))
+    assert status == 1
+    complete = row(body, "telemetry_complete")
+    assert complete["status"] == FAIL
+    assert complete["evidence"] == f"missing files: {', '.join(map(str, gone))}"
+    failed = failed_items(body)
+    assert {"trace_coverage", "sampling_consistency"} <= set(failed), body
+    for item_id in ("trace_coverage", "sampling_consistency"):
+        evidence, fix = failed[item_id]["evidence"], failed[item_id]["fix"]
+        assert evidence.startswith(f"files damaged or missing, the likely cause: {gone[0]} "
+                                   "(missing); what the files read show: "), evidence
+        # the set-up's fix comes after, for a whole copy of the run that still fails
+        assert fix.startswith("see to those files first") and "if a whole copy" in fix
+
+
+def test_a_whole_run_names_no_file(real_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _, body, _ = check_json(capsys, str(real_run))
+    assert not any("damaged or missing" in c["evidence"] for c in body["checks"])

@@ -43,6 +43,12 @@ class RunSpec:
     seed: int = 7
     buckets: tuple[float, ...] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the rank steps carry their samples and tokens (``training.samples``/``tokens``)
+    step_samples: bool = True
+    #: the ranks count ``training.goodput.time`` by bucket (runs before it did not)
+    goodput: bool = True
+    samples_per_step: int = 32
+    tokens_per_sample: int = 2048
 
 
 def _hex(n_bytes: int, *parts: object) -> str:
@@ -143,6 +149,9 @@ def _rank_step_spans(spec: RunSpec, step: int, rs: RankStep) -> list[dict[str, A
     attrs = {**common, sc.ATTR_WORLD_SIZE: spec.ranks, sc.ATTR_MICRO_BATCHES: spec.micro_batches,
              sc.ATTR_STEP_DURATION: (rs.end_ns - rs.start_ns) / 1e9}
     attrs.update({sc.ATTR_PHASE_TOTAL_PREFIX + k: v for k, v in rs.phases.items()})
+    if spec.step_samples:
+        attrs[sc.ATTR_SAMPLES] = spec.samples_per_step
+        attrs[sc.ATTR_TOKENS] = spec.samples_per_step * spec.tokens_per_sample
     # the step's partition, as the SDK records it: here the phases are disjoint already
     duration = (rs.end_ns - rs.start_ns) / 1e9
     parts = {part: rs.phases.get(part, 0.0) for part in sc.PARTS}
@@ -233,6 +242,7 @@ class RankMetrics:
         self.hists: dict[tuple[str, tuple], Histogram] = {}
         self.sums: dict[tuple[str, tuple], float] = {}
         self.gauges: dict[tuple[str, tuple], float] = {}
+        self.last_end: int | None = None  # the rank's previous step's end
 
     def hist(self, name: str, **attrs: Any) -> Histogram:
         key = (name, tuple(sorted(attrs.items())))
@@ -254,8 +264,15 @@ class RankMetrics:
         self.hist(sc.METRIC_COLLECTIVE_DURATION, **op).record(
             rs.phases[sc.PHASE_EXPOSED_COMM], ex, rs.end_ns)
         self.add(sc.METRIC_COLLECTIVE_SIZE, 75_000_000, **{sc.ATTR_COLLECTIVE_OP: "all_reduce"})
-        self.add(sc.METRIC_SAMPLES, 32)
-        self.add(sc.METRIC_TOKENS, 32 * 2048)
+        self.add(sc.METRIC_SAMPLES, self.spec.samples_per_step)
+        self.add(sc.METRIC_TOKENS, self.spec.samples_per_step * self.spec.tokens_per_sample)
+        duration = (rs.end_ns - rs.start_ns) / 1e9
+        parts = {part: rs.phases.get(part, 0.0) for part in sc.PARTS}
+        parts[sc.PART_NOT_EXPLAINED] = max(duration - sum(parts.values()), 0.0)
+        for part, seconds in parts.items():
+            self.add(sc.METRIC_STEP_TIME, seconds, **{sc.ATTR_PART: part})
+        if self.spec.goodput:
+            self.record_goodput(step, rs)
         self.add(sc.METRIC_CPU_THROTTLED_TIME, 0.002 if self.rank == self.spec.straggler_rank else 0)
         if rs.compile_reason:
             self.hist(sc.METRIC_COMPILE_DURATION).record(rs.phases[sc.PHASE_COMPILE])
@@ -271,6 +288,29 @@ class RankMetrics:
             peak, self.gauges.get((sc.METRIC_MEMORY_ALLOCATED_PEAK, ()), 0))
         self.gauges[(sc.METRIC_MEMORY_RESERVED, ())] = 24e9 + self.rank * 1e8
 
+    def record_goodput(self, step: int, rs: RankStep) -> None:
+        """The rank's run time by goodput bucket, as the SDK counts it: its start to its
+        first step, between its steps, and each step's parts (a warm-up step: the run's
+        first, or one with compile time, all but compile)."""
+        def bucket(name: str, seconds: float) -> None:
+            self.add(sc.METRIC_GOODPUT_TIME, seconds, **{sc.ATTR_GOODPUT_BUCKET: name})
+
+        start = self.start if self.last_end is None else self.last_end
+        bucket(sc.GOODPUT_STARTUP if self.last_end is None else sc.GOODPUT_BETWEEN_STEPS,
+               (rs.start_ns - start) / 1e9)
+        self.last_end = rs.end_ns
+        duration, p = (rs.end_ns - rs.start_ns) / 1e9, rs.phases
+        bucket(sc.GOODPUT_COMPILE, p[sc.PHASE_COMPILE])
+        if step == 0 or rs.compile_reason:
+            bucket(sc.GOODPUT_WARMUP, duration - p[sc.PHASE_COMPILE])
+            return
+        compute = p[sc.PHASE_FORWARD] + p[sc.PHASE_BACKWARD] + p[sc.PHASE_OPTIMIZER]
+        bucket(sc.GOODPUT_PRODUCTIVE, compute)
+        bucket(sc.GOODPUT_DATA_WAIT, p[sc.PHASE_DATA_WAIT])
+        bucket(sc.GOODPUT_EXPOSED_COMM, p[sc.PHASE_EXPOSED_COMM])
+        bucket(sc.GOODPUT_DEVICE_WAIT, 0.0)
+        bucket(sc.GOODPUT_OUTSIDE_PHASES, max(duration - sum(p.values()), 0.0))
+
     def export(self, now: int) -> dict[str, Any]:
         base = {sc.ATTR_RANK: self.rank, sc.ATTR_RUN_ID: self.spec.run_id}
         metrics: dict[str, dict[str, Any]] = {}
@@ -283,9 +323,9 @@ class RankMetrics:
             metric(name, "histogram", {"aggregationTemporality": 2}).append(
                 hist.point({**base, **dict(attrs)}, self.start, now))
         for (name, attrs), value in self.sums.items():
-            dropped = name == sc.METRIC_TELEMETRY_DROPPED
-            number = {"asInt": str(int(value))} if name != sc.METRIC_CPU_THROTTLED_TIME and \
-                not dropped else {"asDouble": value}
+            doubles = (sc.METRIC_TELEMETRY_DROPPED, sc.METRIC_CPU_THROTTLED_TIME,
+                       sc.METRIC_GOODPUT_TIME, sc.METRIC_STEP_TIME)
+            number = {"asInt": str(int(value))} if name not in doubles else {"asDouble": value}
             metric(name, "sum", {"aggregationTemporality": 2, "isMonotonic": True}).append(
                 {"attributes": _attrs({**base, **dict(attrs)}), "startTimeUnixNano":
                  str(self.start), "timeUnixNano": str(now), **number})
