@@ -2,21 +2,27 @@
 sum to it, and a rank's run split into goodput buckets (docs/telemetry.md, "The step's parts"
 and "Goodput").
 
-The parts of a step come from intervals on one clock, each instant of the step given to one
-part, first match wins:
+The parts of a step come from intervals on one clock (the host's), each instant of the step
+given to one part, the first that matches:
 
 1. ``compile``: a torch.compile compilation ran (it lies inside forward, mostly);
-2. ``exposed_comm``: a collective was in flight while no compute phase ran, or while the host
-   was blocked in a synchronous one (as ``collectives_math.exposed_and_total`` defines it);
+2. ``exposed_comm``: a collective was in flight inside a compute phase while no compute
+   could run: the host blocked in a synchronous one (gloo), as
+   ``collectives_math.exposed_and_total`` defines exposed;
 3. the phase the host was in: ``data_wait``, ``forward``, ``backward``, ``optimizer`` (what
-   is left of a compute phase is its own compute);
+   is left of a compute phase is its own compute). A collective in flight during a data
+   wait does not take its time: the host waited for data, whatever the network did;
 4. outside every phase: ``device_wait`` and ``host_busy`` as the gap sampler measured them
-   (sources/gaps.py), capped to what is left, and ``not_explained``, the rest.
+   (sources/gaps.py), capped to what is left; of the rest, the time a collective was in
+   flight is ``exposed_comm`` (the host waited and the network had work), and what remains
+   is ``not_explained``.
 
 So the parts are disjoint by construction and add up to the step to the nanosecond (an
-interval given twice, or intervals that overlap, count once); the
-overlap of communication with compute stays a ratio (``training.comm.overlap``), never a
-part. Pure functions: no torch, no OpenTelemetry; the emitter thread calls them once a step.
+interval given twice, or intervals that overlap, count once). The overlap of communication
+with compute stays a ratio (``training.comm.overlap``), never a part; so does the exposed
+communication of ``training.phase_total.exposed_comm``, which counts a collective in flight
+during a data wait too. Pure functions: no torch, no OpenTelemetry; the emitter thread calls
+them once a step.
 """
 
 from __future__ import annotations
@@ -33,13 +39,34 @@ _PHASE_ORDER = (sc.PHASE_DATA_WAIT, sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHAS
 _COMPUTE = (sc.PART_FORWARD, sc.PART_BACKWARD, sc.PART_OPTIMIZER)
 
 
-#: the categories an instant can be in, first match wins: compile, exposed communication,
-#: the phases in order, then a phase the contract does not know (its time stays accounted
-#: for, as not explained); outside all of them is the last
+#: the intervals an instant can be in, as bits of a mask: compile, communication in flight,
+#: the phases in order, a phase the contract does not know (its time stays accounted for,
+#: as not explained)
 _COMPILE, _COMM = 0, 1
 _PHASE_INDEX = {phase: 2 + i for i, phase in enumerate(_PHASE_ORDER)}
 _OTHER_PHASE = 2 + len(_PHASE_ORDER)
+_BITS = _OTHER_PHASE + 1
+_COMPUTE_BITS = sum(1 << _PHASE_INDEX[p] for p in _COMPUTE)
+_PHASE_BITS = sum(1 << (2 + i) for i in range(len(_PHASE_ORDER) + 1))
+#: what an instant is given to, by where it is: the categories above, and outside every
+#: phase with or without a collective in flight
+_OUTSIDE, _OUTSIDE_COMM = _BITS, _BITS + 1
 _PART_OF = (sc.PART_COMPILE, sc.PART_EXPOSED_COMM, *_PHASE_ORDER, sc.PART_NOT_EXPLAINED)
+
+
+def _winner(mask: int) -> int:
+    """The category an instant inside the intervals of ``mask`` is given to (module doc)."""
+    if mask & 1 << _COMPILE:
+        return _COMPILE
+    phases = mask & _PHASE_BITS
+    if not phases:
+        return _OUTSIDE_COMM if mask & 1 << _COMM else _OUTSIDE
+    phase = phases & -phases  # the first phase it is in
+    return _COMM if mask & 1 << _COMM and phase & _COMPUTE_BITS else phase.bit_length() - 1
+
+
+#: every mask's category, worked out once (the sweep looks one up per stretch)
+_WINNER = tuple(_winner(mask) for mask in range(1 << _BITS))
 
 
 def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
@@ -71,15 +98,15 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
             edges.append((start, category, 1))
             edges.append((end, category, -1))
     edges.sort()
-    open_ = [0] * len(_PART_OF)
-    mask = 0  # bit c set while an interval of category c is open: the lowest set bit wins
-    ns = [0] * (len(_PART_OF) + 1)  # the last: outside every interval
-    outside_at = len(_PART_OF)
+    open_ = [0] * _BITS
+    mask = 0  # bit c set while an interval of category c is open
+    ns = [0] * (_OUTSIDE_COMM + 1)
+    winner = _WINNER
     prev = lo
     for at, category, delta in edges:
         if at > prev and prev < hi:
             upto = at if at < hi else hi
-            ns[(mask & -mask).bit_length() - 1 if mask else outside_at] += upto - prev
+            ns[winner[mask]] += upto - prev
             prev = upto
         count = open_[category] = open_[category] + delta
         if count:
@@ -87,16 +114,19 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
         else:
             mask &= ~(1 << category)
     if prev < hi:
-        ns[(mask & -mask).bit_length() - 1 if mask else outside_at] += hi - prev
+        ns[winner[mask]] += hi - prev
     for category, part in enumerate(_PART_OF):
         parts[part] += ns[category]
-    left = ns[outside_at]
+    left = ns[_OUTSIDE] + ns[_OUTSIDE_COMM]
     outside = outside or {}
     device = min(max(int(outside.get(sc.PART_DEVICE_WAIT, 0)), 0), left)
     busy = min(max(int(outside.get(sc.PART_HOST_BUSY, 0)), 0), left - device)
+    rest = left - device - busy
+    comm = min(ns[_OUTSIDE_COMM], rest)
     parts[sc.PART_DEVICE_WAIT] = device
     parts[sc.PART_HOST_BUSY] = busy
-    parts[sc.PART_NOT_EXPLAINED] += left - device - busy
+    parts[sc.PART_EXPOSED_COMM] += comm
+    parts[sc.PART_NOT_EXPLAINED] += rest - comm
     return parts
 
 
