@@ -259,10 +259,7 @@ def print_summary(run_dir: Path) -> None:
     from otel_train.analysis.build import build_report
 
     report = build_report(run_dir, top=0, timelines=0)
-    # a part no rank spends a tenth of a millisecond in a step is left out (it would show as
-    # 0.0, and an 80-column terminal has room for eight or so)
-    columns = [(header, kind, key) for header, kind, key in terminal.phase_columns(report)
-               if any(terminal.column_s(row, kind, key) >= 5e-5 for row in report.rank_rows)]
+    columns = terminal.phase_columns(report)  # the parts some rank spends time in
     table = Table(title=f"Mean time per step (ms), steady state ({report.steady_steps} steps, "
                   f"warm-up apart), run {run_dir.name}: the parts add up to the step",
                   box=box.SIMPLE_HEAD, pad_edge=False)

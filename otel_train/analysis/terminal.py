@@ -200,10 +200,16 @@ SPLIT_LABELS = {"device_wait": "blocked on device", "host_busy": "host busy",
                 NOT_EXPLAINED: "not explained"}
 
 
+#: a column no rank spends this long in a steady step is left out of the per-rank tables:
+#: it would read 0.0 ms (the steady rows' parts still add up to the step without it)
+MIN_COLUMN_S = 5e-5
+
+
 def phase_columns(report: Report) -> list[tuple[str, str, str]]:
     """(header, "phase" or "split", key) of the per-rank tables' phase columns: untimed time
     shown as its parts (blocked on the device, host busy, not explained) once a run records
-    them (sources/gaps.py), else whole."""
+    them (sources/gaps.py), else whole; a part no rank holds ``MIN_COLUMN_S`` of in a
+    steady step (compile, once warm-up is apart) left out."""
     split = any(row.untimed_split_s.get(part, 0.0) > 0 for row in report.rank_rows
                 for part in UNTIMED_PARTS)
     columns = []
@@ -212,7 +218,8 @@ def phase_columns(report: Report) -> list[tuple[str, str, str]]:
             columns += [(label, "split", key) for key, label in SPLIT_LABELS.items()]
         else:
             columns.append((phase.replace("_", " "), "phase", phase))
-    return columns
+    return [(header, kind, key) for header, kind, key in columns
+            if any(column_s(row, kind, key) >= MIN_COLUMN_S for row in report.rank_rows)]
 
 
 def column_s(row: RankBreakdown, kind: str, key: str) -> float:
