@@ -1,6 +1,6 @@
 """Every span, attribute, metric and log-field name otel-train emits, in one place.
 
-These names are the telemetry contract of ``DESIGN.md``: dashboards, alert rules, the
+These names are the telemetry contract (docs/telemetry.md, docs/design.md): dashboards, alert rules, the
 checklist verifier and outside acceptance checks read them. Change none without a migration.
 Every metric otel-train creates is defined once, in ``METRICS`` at the end (name, kind,
 unit, description, bucket advice); sources create instruments with :func:`create`, and the

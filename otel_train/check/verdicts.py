@@ -7,7 +7,8 @@ from typing import Any
 
 PASS, FAIL, NOT_APPLICABLE = "pass", "fail", "n/a"
 
-#: the checklist of DESIGN.md, in its order: (id, what is checked)
+#: the checklist of docs/design.md, then otel-train's own items, in order: (id, what is
+#: checked)
 ITEMS = (
     ("trace_coverage", "every sampled step of every rank lives in a step trace"),
     ("same_trace_across_ranks", "all ranks of a step share one trace id"),

@@ -1,4 +1,4 @@
-"""Both example jobs hand every rank the launcher's context (DESIGN.md's checklist item "the
+"""Both example jobs hand every rank the launcher's context (docs/design.md's checklist item "the
 job launcher's context flows into ranks"): a TRACEPARENT that every pod of one job shares, and
 the job's id as torchrun's rendezvous id, which torchrun hands every rank as
 TORCHELASTIC_RUN_ID, otel-train's run id (no broadcast). k8s/jobs/common/launcher-context.sh
