@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-from . import attribution, checklist, collectives, compile_health, ranks
+from . import attribution, checklist, collectives, compare, compile_health, ranks
 
 DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
     "training-attribution.json": attribution.build,
@@ -18,4 +18,5 @@ DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
     "collectives.json": collectives.build,
     "compile-health.json": compile_health.build,
     "production-readiness.json": checklist.build,
+    "compare-runs.json": compare.build,
 }

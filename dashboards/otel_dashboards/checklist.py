@@ -1,4 +1,4 @@
-"""Production readiness: the attribution checklist of DESIGN.md as live pass/fail panels.
+"""Production readiness: the attribution checklist of docs/design.md as live pass/fail panels.
 
 One row per checklist item. Each verdict is computed from live data: a PromQL ``>bool``
 check (1 = PASS, 0 = FAIL, mapped to words), or a count of Tempo / Loki results that must
@@ -378,7 +378,7 @@ def build() -> dash.Dashboard:
     board = kit.new_dashboard(
         UID,
         "otel-train / Production readiness checklist",
-        "The production attribution checklist of DESIGN.md, one row per item, each a verdict "
+        "The production attribution checklist of docs/design.md, one row per item, each a verdict "
         "computed from live metrics, traces and logs, linked to its evidence.",
     )
     board.with_variable(kit.world_size_variable())

@@ -150,11 +150,15 @@ def datasource_variables() -> list[dash.DatasourceVariable]:
     ]
 
 
-def run_variable() -> dash.QueryVariable:
+def run_variable(
+    name: str = "run_id",
+    label: str = "Run id",
+    description: str = "training_run_id label: the run every rank agreed on at start",
+) -> dash.QueryVariable:
     return (
-        dash.QueryVariable("run_id")
-        .label("Run id")
-        .description("training_run_id label: the run every rank agreed on at start")
+        dash.QueryVariable(name)
+        .label(label)
+        .description(description)
         .datasource(PROMETHEUS)
         .query(f"label_values({either(names.STEP, 'count')}, {names.RUN})")
         .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED)
@@ -226,7 +230,11 @@ def kubernetes_variables() -> list[dash.QueryVariable]:
     return [namespace, pod]
 
 
-def new_dashboard(uid: str, title: str, description: str) -> dash.Dashboard:
+def new_dashboard(
+    uid: str, title: str, description: str, run_and_rank: bool = True
+) -> dash.Dashboard:
+    """A dashboard with the data source variables and, unless ``run_and_rank`` is False (a
+    dashboard with variables of its own for the runs), the run and rank variables."""
     board = (
         dash.Dashboard(title)
         .uid(uid)
@@ -248,8 +256,9 @@ def new_dashboard(uid: str, title: str, description: str) -> dash.Dashboard:
     )
     for variable in datasource_variables():
         board.with_variable(variable)
-    board.with_variable(run_variable())
-    board.with_variable(rank_variable())
+    if run_and_rank:
+        board.with_variable(run_variable())
+        board.with_variable(rank_variable())
     return board
 
 

@@ -95,6 +95,7 @@ PHASES = (
 #: the step's parts (training_part), in the order every surface shows them; they add up to
 #: the step time (unlike PHASES, whose exposed_comm and compile lie inside forward/backward)
 PARTS = semconv.PARTS
+PART_DATA_WAIT = semconv.PART_DATA_WAIT
 PART_DEVICE_WAIT = semconv.PART_DEVICE_WAIT
 PART_HOST_BUSY = semconv.PART_HOST_BUSY
 PART_NOT_EXPLAINED = semconv.PART_NOT_EXPLAINED

@@ -18,7 +18,6 @@ from grafana_foundation_sdk.cog import plugins
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 from support import REPO_ROOT
-from support.binaries import binaries_required
 
 DASHBOARDS_DIR = REPO_ROOT / "dashboards"
 sys.path.insert(0, str(DASHBOARDS_DIR))
@@ -44,10 +43,11 @@ def test_committed_json_is_what_the_code_generates():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_five_dashboards_of_the_issue_exist():
+def test_the_dashboards_of_the_issues_exist():
     titles = sorted(board["title"] for board in BOARDS.values())
     assert titles == [
         "otel-train / Collectives",
+        "otel-train / Compare runs",
         "otel-train / Compile health",
         "otel-train / Production readiness checklist",
         "otel-train / Ranks and stragglers",
@@ -71,6 +71,10 @@ def test_schema_check_catches_a_field_the_schema_does_not_know():
     assert sdk_roundtrip(board) != board
 
 
+#: dashboards of two runs: variables run_a and run_b instead of run_id and rank
+COMPARE = "compare-runs.json"
+
+
 @pytest.mark.parametrize("name", sorted(BOARDS))
 def test_dashboard_has_data_source_run_and_rank_variables(name):
     variables = {v["name"]: v for v in BOARDS[name]["templating"]["list"]}
@@ -79,9 +83,39 @@ def test_dashboard_has_data_source_run_and_rank_variables(name):
         "tempo",
         "loki",
     }
+    if name == COMPARE:
+        assert "run_id" not in variables and "rank" not in variables
+        for run in ("run_a", "run_b"):
+            assert "training_run_id" in variables[run]["query"]
+            assert not variables[run].get("multi") and not variables[run].get("includeAll")
+        return
     assert "training_run_id" in variables["run_id"]["query"]
     assert "training_rank" in variables["rank"]["query"]
     assert variables["rank"]["includeAll"] and variables["rank"]["allValue"] == ".*"
+
+
+def test_compare_queries_read_one_run_each_and_colour_a_blue_and_b_orange():
+    """Every query of the compare dashboard selects run A, run B or both (a change), by
+    equality (test_dashboards_queries.py checks that none returns per-rank series); each panel
+    with A and B series colours them by name, A blue and B orange."""
+    board = BOARDS[COMPARE]
+    found = [q for q in queries.queries() if q.dashboard == COMPARE and q.lang == "promql"]
+    assert len(found) > 30
+    for q in found:
+        runs = set(re.findall(r'training_run_id="\$(run_[ab])"', q.text))
+        assert runs and "training_run_id=~" not in q.text, q.id
+        # both runs: the changes (the stat row, and the parts table's change column)
+        change = q.panel.startswith("B vs A") or (q.panel.startswith("Parts") and q.ref == "C")
+        assert (runs == {"run_a", "run_b"}) == change, q.id
+    for panel in queries.panels(board):
+        legends = [t.get("legendFormat", "") for t in panel.get("targets", [])]
+        if any(legend.startswith(("A: ", "B: ")) for legend in legends):
+            colours = {
+                o["matcher"]["options"]: o["properties"][0]["value"]["fixedColor"]
+                for o in panel["fieldConfig"]["overrides"]
+                if o["matcher"]["id"] == "byRegexp" and o["properties"][0]["id"] == "color"
+            }
+            assert colours == {"A: .*": "blue", "B: .*": "orange"}, panel["title"]
 
 
 @pytest.mark.parametrize("name", sorted(BOARDS))
@@ -105,8 +139,20 @@ BARE_MEAN = re.compile(r"\bavg(_over_time)?\s*\(|_sum\b[^/]*/[^/]*_count\b")
 
 
 def test_no_latency_panel_shows_a_bare_mean():
-    means = [q.id for q in queries.queries() if q.lang == "promql" and BARE_MEAN.search(q.text)]
+    """A mean of a histogram only beside a percentile of it, in the same panel (the compare
+    dashboard's step time: the mean and the p95 of both runs)."""
+    found = queries.queries()
+    with_percentile = {
+        (q.dashboard, q.panel) for q in found if "histogram_quantile(" in q.text
+    }
+    means = [
+        q.id
+        for q in found
+        if q.lang == "promql" and BARE_MEAN.search(q.text)
+        and (q.dashboard, q.panel) not in with_percentile
+    ]
     assert means == []
+    assert any(BARE_MEAN.search(q.text) for q in found if q.dashboard == COMPARE)
 
 
 def test_every_latency_histogram_is_shown_as_a_distribution():
@@ -148,16 +194,9 @@ def test_step_time_heatmap_shows_exemplars():
 
 
 def test_checklist_has_one_row_per_design_checklist_item():
-    found = [
-        p for p in (REPO_ROOT.parent / "shared", REPO_ROOT / "shared") if (p / "DESIGN.md").exists()
-    ]
-    if not found:
-        if binaries_required():  # CI clones with ../shared beside: there it must be found
-            pytest.fail("shared/DESIGN.md is not beside this checkout")
-        pytest.skip("shared/DESIGN.md is not beside this checkout")
-    design = (found[0] / "DESIGN.md").read_text()
+    design = (REPO_ROOT / "docs" / "design.md").read_text()
     table = design.split("## The production attribution checklist, for training")[1].split(
-        "## Architecture"
+        "## The rules of instrumentation"
     )[0]
     items = [
         line

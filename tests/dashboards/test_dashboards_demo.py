@@ -112,6 +112,8 @@ def test_panels_over_the_demos_metrics_return_series(demo):
     } <= exposed
     values = {
         "run_id": demo.run_id,
+        "run_a": demo.run_id,  # the compare dashboard: the run against itself
+        "run_b": demo.run_id,
         "rank": ".*",
         "world_size": str(RANKS),
         "__rate_interval": "1m",
@@ -149,8 +151,19 @@ def test_panels_over_the_demos_metrics_return_series(demo):
         "Per-rank step time p50",
         "Straggler skew",
         "Per-rank data wait p90",
+        "B vs A: step time",
+        "Parts per step",
     ):
         assert any(panel in qid for qid in checked), panel
+
+
+def test_a_run_compared_with_itself_changes_by_nothing(demo):
+    board = queries.dashboards()["compare-runs.json"]
+    panel = next(p for p in queries.panels(board) if p["title"].startswith("B vs A: step time"))
+    values = {"run_a": demo.run_id, "run_b": demo.run_id, "__range": "10m"}
+    for target in panel["targets"]:  # mean and p95
+        result = demo.query(queries.interpolate(target["expr"], values))
+        assert [float(r["value"][1]) for r in result] == [0], (target["refId"], result)
 
 
 def test_the_step_time_breakdown_adds_up_to_100_percent_on_the_demo(demo):

@@ -48,12 +48,18 @@ TOOLS = DASHBOARDS_DIR / "tools"
 QUERIES = queries.queries()
 TEST_LABEL = 'test_series="otel-train-dashboards-test"'
 RUN_ID = "dash-test-run"
+#: a second run of the same job for the compare dashboard (run A = RUN_ID): every step
+#: STEP_SCALE_B times as long, everything else alike
+RUN_B = "dash-test-run-b"
+STEP_SCALE_B = 1.1
 RANKS = 4
 STRAGGLER = 3
 
 #: what Grafana would substitute, for the test series (rate interval: 4 x the 30 s spacing)
 VALUES = {
     "run_id": RUN_ID,
+    "run_a": RUN_ID,
+    "run_b": RUN_B,
     "rank": ".*",
     "world_size": str(RANKS),
     "backend": ".*",
@@ -325,13 +331,23 @@ def rank_labels(run: str, rank: int) -> str:
     return f'{TEST_LABEL},training_run_id="{run}",training_rank="{rank}"'
 
 
+def step_mean(rank: int, step_scale: float = 1.0) -> float:
+    """A rank's mean step time: the straggler's 1.6 times the others'."""
+    return 0.5 * step_scale * (1.6 if rank == STRAGGLER else 1.0)
+
+
+def steps_per_tick(rank: int, step_scale: float = 1.0) -> int:
+    return int(TICK / step_mean(rank, step_scale))
+
+
 def simulate_rank(
     f: Families, rng: random.Random, run: str, rank: int, t: float, minutes_left: float,
-    ticks_done: int = 0,
+    ticks_done: int = 0, step_scale: float = 1.0,
 ) -> None:
     labels = rank_labels(run, rank)
-    step_mean = 0.5 * (1.6 if rank == STRAGGLER else 1.0)
-    steps = [rng.lognormvariate(math.log(step_mean), 0.15) for _ in range(int(TICK / step_mean))]
+    mean = step_mean(rank, step_scale)
+    steps = [rng.lognormvariate(math.log(mean), 0.15)
+             for _ in range(steps_per_tick(rank, step_scale))]
     f.histogram("training_step_duration_seconds", labels, t, steps)
     for phase, share in PHASE_SHARE.items():
         if rank == STRAGGLER and phase == "data_wait":
@@ -417,15 +433,19 @@ def simulate_rank(
 
 
 def write_test_series(end: float) -> str:
-    """30 minutes of a 4-rank run with a straggler, a hung run, a run with a stopped rank,
-    cAdvisor and collector (failing sends, a full queue, refused data)."""
+    """30 minutes of a 4-rank run with a straggler, the same run with slower steps (RUN_B,
+    its own random stream: RUN_ID's series are what they were without it), a hung run, a run
+    with a stopped rank, cAdvisor and collector (failing sends, a full queue, refused data)."""
     rng = random.Random(7)
+    rng_b = random.Random(8)
     f = Families()
     ticks = [end - TICK * i for i in range(60, -1, -1)]
     for ticks_done, t in enumerate(ticks):
         minutes_left = (end - t) / 60
         for rank in range(RANKS):
             simulate_rank(f, rng, RUN_ID, rank, t, minutes_left, ticks_done)
+            simulate_rank(f, rng_b, RUN_B, rank, t, minutes_left, ticks_done,
+                          step_scale=STEP_SCALE_B)
             pod = f'{TEST_LABEL},namespace="otel-train-dashboards-test",pod="dash-test-trainer-{rank}",container="trainer"'
             f.counter("container_cpu_cfs_periods", pod, t, TICK * 10)
             f.counter(
@@ -558,6 +578,7 @@ def test_the_test_series_are_loaded_and_labelled_as_such(prometheus):
     )
     assert {r["metric"]["training_run_id"] for r in loaded} >= {
         RUN_ID,
+        RUN_B,
         "dash-test-hung",
         "dash-test-stopped",
     }
@@ -767,3 +788,116 @@ def test_throughput_over_the_range_is_the_samples_per_second(prometheus):
     # 32 samples a step: 60 steps per 30 s on the ranks of 0.5 s steps, 37 on the straggler's
     expected = 32 * (3 * int(TICK / 0.5) + int(TICK / 0.8)) / TICK
     assert float(samples[0]["value"][1]) == pytest.approx(expected, rel=0.02), samples
+
+
+# --- the compare dashboard: run B (every step 10% longer) against run A ------------------
+
+COMPARE = "compare-runs.json"
+
+
+def at_last_sample(server: Prometheus, expr: str) -> list[dict]:
+    """An instant query at the test runs' last sample: the 30 min range holds all of them."""
+    return server.api("query", query=expr, time=f"{last_sample(server):.3f}")["result"]
+
+
+def one_value(server: Prometheus, title: str, ref: str) -> float:
+    result = at_last_sample(server, panel_expr(COMPARE, title, ref))
+    assert len(result) == 1 and result[0]["metric"] == {}, (title, ref, result)
+    return float(result[0]["value"][1])
+
+
+def per_run_value(server: Prometheus, title: str, ref: str) -> float:
+    result = at_last_sample(server, panel_expr(COMPARE, title, ref))
+    run = {"A": RUN_ID, "B": RUN_B}[ref]
+    assert [r["metric"] for r in result] == [{names.RUN: run}], (title, ref, result)
+    return float(result[0]["value"][1])
+
+
+def mean_step(step_scale: float) -> float:
+    """The run's mean step time over all its ranks' steps, as the series imply it (less the
+    lognormal's mean factor, the same in both runs): the straggler's longer steps are fewer."""
+    counts = {rank: steps_per_tick(rank, step_scale) for rank in range(RANKS)}
+    return sum(n * step_mean(rank, step_scale) for rank, n in counts.items()) / sum(
+        counts.values())
+
+
+def test_compare_step_time_change_is_the_planted_10_percent(prometheus):
+    planted = mean_step(STEP_SCALE_B) / mean_step(1.0) - 1
+    # ~10%: every step 10% longer (the straggler's share of the steps moves a little)
+    assert planted == pytest.approx(0.10, abs=0.005)
+    change = one_value(prometheus, "B vs A: step time", "A")
+    assert change == pytest.approx(planted, abs=0.005), (change, planted)
+    # and it is B's mean over A's, as the runs' own panel shows them
+    a = per_run_value(prometheus, "Step time over the range", "A")
+    b = per_run_value(prometheus, "Step time over the range", "B")
+    assert a == pytest.approx(mean_step(1.0), rel=0.02), a  # lognormal(0, 0.15): +1.1%
+    assert change == pytest.approx(b / a - 1, abs=1e-9)
+    # the p95 moves the same way, less: interpolated inside the 0.5-1 s bucket, which holds
+    # both runs' p95 (of the straggler's steps), it moves with the count of steps above 0.5 s
+    assert 0.01 < one_value(prometheus, "B vs A: step time", "B") < 0.2
+
+
+def test_compare_throughput_change_follows_the_step_time(prometheus):
+    # per second of step time each rank does 1 / its step time: B's 1 / 1.1 of A's
+    planted = 1 / STEP_SCALE_B - 1
+    for ref in ("A", "B"):  # samples/s, tokens/s
+        change = one_value(prometheus, "B vs A: throughput", ref)
+        assert change == pytest.approx(planted, abs=0.005), (ref, change, planted)
+    a = per_run_value(prometheus, "Throughput over the range: samples/s", "A")
+    b = per_run_value(prometheus, "Throughput over the range: samples/s", "B")
+    # 32 samples a step on every rank: 32 / its mean step (lognormal mean factor: ~1.1%)
+    expected = sum(32 / step_mean(rank) for rank in range(RANKS))
+    assert a == pytest.approx(expected, rel=0.02), (a, expected)
+    assert one_value(prometheus, "B vs A: throughput", "A") == pytest.approx(b / a - 1, abs=1e-9)
+
+
+def test_compare_goodput_and_memory_changes_are_b_over_a(prometheus):
+    a = per_run_value(prometheus, "Goodput per run", "A")
+    b = per_run_value(prometheus, "Goodput per run", "B")
+    assert 0.4 < a < 1 and 0.4 < b < 1, (a, b)
+    assert one_value(prometheus, "B vs A: goodput", "A") == pytest.approx(b / a - 1, abs=1e-9)
+    assert one_value(prometheus, "B vs A: peak memory", "A") == 0  # the same gauges
+
+
+def test_compare_parts_add_up_to_each_run_s_step_and_shares_to_100_percent(prometheus):
+    title = "Parts per step"
+
+    def by_part(ref: str) -> dict[str, float]:
+        result = at_last_sample(prometheus, panel_expr(COMPARE, title, ref))
+        return {r["metric"][names.PART]: float(r["value"][1]) for r in result}
+
+    ms = {run: by_part(run) for run in ("A", "B")}
+    for run, step_ref in (("A", "A"), ("B", "B")):
+        assert set(ms[run]) == set(names.PARTS), ms[run].keys()
+        mean_ms = 1e3 * per_run_value(prometheus, "Step time over the range", step_ref)
+        assert sum(ms[run].values()) == pytest.approx(mean_ms, rel=1e-4), run  # %.6g
+    for ref in ("D", "E"):
+        assert sum(by_part(ref).values()) == pytest.approx(1.0, abs=1e-9), ref
+    # every part ~10% longer per step in B; not_explained, absent on 3 ranks of 4, too
+    change = by_part("C")
+    assert set(change) == set(names.PARTS), change
+    planted = mean_step(STEP_SCALE_B) / mean_step(1.0) - 1
+    for part, value in change.items():
+        assert value == pytest.approx(planted, abs=0.02), (part, value)
+        assert value == pytest.approx(ms["B"][part] / ms["A"][part] - 1, abs=1e-9), part
+
+
+def test_compare_compile_and_overlap_panels_read_each_run(prometheus):
+    for title in ("Compile seconds", "Recompiles", "Communication overlap", "Data wait share",
+                  "Peak memory"):
+        a = per_run_value(prometheus, title, "A")
+        b = per_run_value(prometheus, title, "B")
+        assert a > 0 and b > 0, (title, a, b)
+    # overlap: 0.85 on three ranks, 0.3 on rank 2, in both runs
+    assert per_run_value(prometheus, "Communication overlap", "A") == pytest.approx(0.85)
+    # data wait: (3 x 8% + 35%) of the ranks' step time, about the same seconds per rank
+    assert 0.13 < per_run_value(prometheus, "Data wait share", "B") < 0.165
+
+
+def test_compare_queries_return_series_per_run_not_per_rank(prometheus):
+    for q in QUERIES:
+        if q.dashboard == COMPARE and q.lang == "promql":
+            result = at_last_sample(prometheus, queries.interpolate(q.text, VALUES))
+            assert result, q.id
+            assert not any(names.RANK in r["metric"] for r in result), q.id
+            assert {r["metric"].get(names.RUN) for r in result} <= {RUN_ID, RUN_B, None}, q.id
