@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("otel_train.demo", "train a small model on N CPU ranks, instrumented"),
     "report": ("otel_train.analysis.cli", "attribution report of a run's exported telemetry"),
     "check": ("otel_train.check.cli", "verify the production attribution checklist"),
+    "compare": ("otel_train.analysis.compare", "compare runs: which is faster, by how much, "
+                "where the time went; a CI gate"),
     "nccl-plugin": ("otel_train.nccl.cli", "build otel-train's NCCL profiler plugin, print "
                     "its path (for NCCL_PROFILER_PLUGIN)"),
 }

@@ -116,11 +116,9 @@ def _backend_error(name: str) -> str | None:
     if name in _KNOWN_BACKENDS:
         return None
     try:
-        from torch._dynamo import list_backends
-
-        every = set(list_backends(exclude_tags=()))  # the debugging ones too
-        shown = sorted(set(list_backends()) | _KNOWN_BACKENDS)
-    except Exception:  # a private API: where it moved, torch.compile says it in the ranks
+        every = set(torch.compiler.list_backends(exclude_tags=()))  # the debugging ones too
+        shown = sorted(set(torch.compiler.list_backends()) | _KNOWN_BACKENDS)
+    except Exception:  # where it failed, torch.compile says what is wrong in the ranks
         return None
     if name in every:
         return None
@@ -132,8 +130,9 @@ def _output_dir_error(path: Path, given: bool) -> str | None:
     """Why no run directory can be made under ``path``, or None. It is made here, as each
     rank would make it first thing, so that a file in its way or a read-only disk is one
     line now rather than a traceback per rank."""
-    what = ("--output-dir" if given else "$OTEL_TRAIN_OUTPUT_DIR"
-            if os.environ.get("OTEL_TRAIN_OUTPUT_DIR") else "the default output folder")
+    # config.load() read OTEL_TRAIN_OUTPUT_DIR (the only module that reads otel-train's
+    # variables): its folder or the default
+    what = "--output-dir" if given else "the output folder (OTEL_TRAIN_OUTPUT_DIR or default)"
     if path.exists() and not path.is_dir():
         return f"{what} {path} is a file, not a folder"
     try:

@@ -51,12 +51,15 @@ def _step_time(board: dash.Dashboard) -> None:
 def part_share() -> str:
     """Each part's share of the selected ranks' step time: the parts are disjoint and add up
     to the step time (training_step_time_seconds_total by training_part; its sum over parts is
-    the step histogram's sum), so the shares add up to 100%."""
+    the step histogram's sum). Divided by the parts' own total, not by the histogram's sum:
+    a part's series begins when it first holds time, and rate() extrapolates a young series
+    differently, so over a short window the two totals can differ by a percent; over the
+    parts' total the shares add up to 100% at every instant."""
     s = kit.sel()
     return (
         f"sum by ({names.PART}) ({kit.rate(names.STEP_TIME, s)})"
         f" / ignoring({names.PART}) group_left"
-        f" sum({kit.rate(names.STEP + '_sum', s)})"
+        f" sum({kit.rate(names.STEP_TIME, s)})"
     )
 
 
@@ -86,8 +89,8 @@ def _breakdown(board: dash.Dashboard) -> None:
             "time, less the exposed communication and compile inside them), exposed_comm, "
             "compile, device_wait (the host blocked on its device), host_busy (the host's own "
             "work outside the phases) and not_explained (what nothing holds). Seconds per part "
-            "per second, summed over the selected ranks and divided by their step seconds: the "
-            "bands add up to 100%, so a growing data_wait or exposed_comm band is the "
+            "per second, summed over the selected ranks and divided by their sum over parts (their "
+            "step seconds): the bands add up to 100%, so a growing data_wait or exposed_comm band is the "
             "attribution.",
             [kit.prom(part_share(), "{{" + names.PART + "}}")],
             unit="percentunit",

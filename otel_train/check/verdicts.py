@@ -38,7 +38,6 @@ READS = {
     "per_rank_metrics": ("metrics",),
     "cpu_throttling_measured": ("metrics",),
     "step_parts_add_up": ("metrics",),
-    "step_parts_add_up": ("metrics",),
 }
 
 

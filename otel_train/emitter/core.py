@@ -96,6 +96,9 @@ class Emitter:
         self.steps = StepAssembly(pipeline, ident, cfg.sampler(), clock_offset_ns,
                                   [ctx_tuple(link.context) for link in self._links()],
                                   prometheus, console, self._swallowed)
+        # the steps' time by part and goodput bucket, added once a drain (the first tick
+        # listener: before the sources', after the drain's steps)
+        self.on_tick(self.steps.time_counters.publish)
         self.logs = LogRecords(pipeline, ident, self.steps.sampled, console)
         self.losses = Losses(recorder, pipeline, ident, prometheus, console)
         # the sources' questions, answered by the parts

@@ -104,6 +104,7 @@ class StepAssembly:
         #: ns; None before the first): the time before a step is start-up or between steps
         self._run_start_ns = step_time.run_start_ns(time.time_ns())
         self._last_end: int | None = None
+        self.time_counters = TimeCounters(pipeline, ident, prometheus)
 
     # --- the tracker's records --------------------------------------------------------
     def on_phase(self, record: tuple[Any, ...]) -> None:
@@ -277,9 +278,9 @@ class StepAssembly:
         info.parts = parts = {part: v / 1e9 for part, v in ns.items()}
         first = self._last_end is None
         before = start + offset - self._run_start_ns if first else start - self._last_end
-        info.goodput = step_time.goodput(
+        self.time_counters.add(parts, step_time.goodput(
             parts, first or ns[semconv.PART_COMPILE] > 0, before / 1e9,
-            semconv.GOODPUT_STARTUP if first else semconv.GOODPUT_BETWEEN_STEPS)
+            semconv.GOODPUT_STARTUP if first else semconv.GOODPUT_BETWEEN_STEPS))
         self._last_end = end
 
     def _after_step(self, info: StepRecord, duration_s: float) -> None:
@@ -288,7 +289,7 @@ class StepAssembly:
             exemplar = ({"trace_id": f"{trace_id:032x}", "span_id": f"{rank_span_id:016x}"}
                         if info.sampled else None)
             self.prometheus.observe_step(duration_s, info.phase_totals, info.samples,
-                                         info.tokens, exemplar, info.parts, info.goodput)
+                                         info.tokens, exemplar)
         for listener in self.step_listeners:
             self._call_listener(listener, info)
         if self._console_debug:
@@ -303,3 +304,41 @@ class StepAssembly:
             listener(info)
         except Exception as err:
             self._swallowed(err, "step listener")
+
+
+class TimeCounters:
+    """``training.step.time`` by part and ``training.goodput.time`` by bucket: the steps'
+    seconds summed here and added once a drain (:meth:`publish`, on the emitter's tick, the
+    last drain's too), not once a step: a dozen counter adds a step cost the exporter more
+    than the step's spans. A part or bucket is added once it holds time (its series appears
+    then); what a step adds is never lost with the step's record."""
+
+    def __init__(self, pipeline: Any, ident: Identity, prometheus: Any) -> None:
+        meter = getattr(pipeline, "meter", None)
+        self._counters = None if meter is None else (
+            semconv.create(meter, semconv.METRIC_STEP_TIME),
+            semconv.create(meter, semconv.METRIC_GOODPUT_TIME))
+        self.prometheus = prometheus
+        base = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
+        self._attrs = (
+            {p: {**base, semconv.ATTR_PART: p} for p in semconv.PARTS},
+            {b: {**base, semconv.ATTR_GOODPUT_BUCKET: b} for b in semconv.GOODPUT_BUCKETS})
+        self._pending: tuple[dict[str, float], dict[str, float]] = ({}, {})
+
+    def add(self, parts: dict[str, float], buckets: dict[str, float]) -> None:
+        for pending, values in zip(self._pending, (parts, buckets)):
+            for key, seconds in values.items():
+                if seconds:
+                    pending[key] = pending.get(key, 0.0) + seconds
+
+    def publish(self) -> None:
+        parts, buckets = self._pending
+        if not parts and not buckets:
+            return
+        self._pending = ({}, {})
+        if self._counters is not None:
+            for counter, attrs, pending in zip(self._counters, self._attrs, (parts, buckets)):
+                for key, seconds in pending.items():
+                    counter.add(seconds, attrs[key])
+        if self.prometheus is not None:
+            self.prometheus.add_step_time(parts, buckets)

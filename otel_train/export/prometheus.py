@@ -52,22 +52,22 @@ class PrometheusEndpoint:
         self._server, self._thread = start_http_server(port, addr=addr, registry=reg)
 
     def observe_step(self, duration_s: float, phases: dict[str, float], samples: int,
-                     tokens: int, exemplar: dict[str, str] | None,
-                     parts: dict[str, float] | None = None,
-                     goodput: dict[str, float] | None = None) -> None:
+                     tokens: int, exemplar: dict[str, str] | None) -> None:
         self.step.labels(**self._labels).observe(duration_s, exemplar)
         for phase, seconds in phases.items():
             self.phase.labels(**self._labels, training_phase=phase).observe(seconds, exemplar)
-        for part, seconds in (parts or {}).items():
-            if seconds:  # as the OTLP counter: a part's series appears where it holds time
-                self.parts.labels(**self._labels, training_part=part).inc(seconds)
-        for bucket, seconds in (goodput or {}).items():
-            if seconds:
-                self.goodput.labels(**self._labels, training_goodput_bucket=bucket).inc(seconds)
         if samples:
             self.samples.labels(**self._labels).inc(samples)
         if tokens:
             self.tokens.labels(**self._labels).inc(tokens)
+
+    def add_step_time(self, parts: dict[str, float], goodput: dict[str, float]) -> None:
+        """The steps' seconds by part and by goodput bucket since the last call (the
+        emitter's tick), as the OTLP counters get them."""
+        for part, seconds in parts.items():
+            self.parts.labels(**self._labels, training_part=part).inc(seconds)
+        for bucket, seconds in goodput.items():
+            self.goodput.labels(**self._labels, training_goodput_bucket=bucket).inc(seconds)
 
     def add_dropped(self, signal: str, count: int) -> None:
         self.dropped.labels(**self._labels, signal=signal).inc(count)

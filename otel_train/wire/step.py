@@ -38,8 +38,7 @@ class PhaseRow(NamedTuple):
 
 #: the instruments a step records into, in :func:`emit`'s order
 INSTRUMENTS = (semconv.METRIC_STEP_DURATION, semconv.METRIC_PHASE_DURATION,
-               semconv.METRIC_SAMPLES, semconv.METRIC_TOKENS, semconv.METRIC_STEP_TIME,
-               semconv.METRIC_GOODPUT_TIME)
+               semconv.METRIC_SAMPLES, semconv.METRIC_TOKENS)
 
 
 @dataclasses.dataclass(eq=False)
@@ -69,10 +68,9 @@ class StepRecord:
     #: events of the train.rank_step span as (name, epoch ns, attributes) (sources/gaps.py)
     events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
     #: the step's time split into disjoint parts that add up to it, seconds by part
-    #: (otel_train/step_time.py; made once the listeners have run)
+    #: (otel_train/step_time.py; made once the listeners have run; their counters are added
+    #: on the emitter, once a drain: emitter/steps.py TimeCounters)
     parts: dict[str, float] = dataclasses.field(default_factory=dict)
-    #: what the step adds to the rank's goodput buckets, seconds by bucket
-    goodput: dict[str, float] = dataclasses.field(default_factory=dict)
 
     # --- the emitter thread's working state: never sent -----------------------------------
     #: the train.rank_step span's context (``trace_id``, ``rank_step_span_id``, ``sampled``)
@@ -127,27 +125,18 @@ def _from_wire(values: list[Any]) -> StepRecord:
 
 def lost(record: StepRecord) -> tuple[int, int, int]:
     """(spans, metric points, logs) the record would have made: counted when it is lost."""
-    points = (1 + len(record.phase_totals) + bool(record.samples) + bool(record.tokens)
-              + _nonzero(record.parts) + _nonzero(record.goodput))
+    points = 1 + len(record.phase_totals) + bool(record.samples) + bool(record.tokens)
     if not record.sampled:
         return 0, points, 0
     return (record.rank == 0) + 1 + len(record.phases), points, 1
 
 
-def _nonzero(values: dict[str, float]) -> int:
-    return sum(1 for v in values.values() if v)
-
-
 def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., Any],
          step_hist: Callable[..., Any], phase_hist: Callable[..., Any],
          samples_ctr: Callable[..., Any], tokens_ctr: Callable[..., Any],
-         parts_ctr: Callable[..., Any] | None = None,
-         goodput_ctr: Callable[..., Any] | None = None,
          observed_ns: int = 0) -> None:
     """Make the step's telemetry with a Pipeline's ``span`` and ``emit_log`` and the
-    ``record``/``add`` of its step-duration, phase-duration, samples, tokens, step-time
-    (by part) and goodput (by bucket) instruments (``INSTRUMENTS``' order). A part or bucket
-    the step has no time in adds nothing: its series appears where it holds time."""
+    ``record``/``add`` of its step-duration, phase-duration, samples and tokens instruments."""
     rank_ctx = SpanContext(record.trace_id, record.rank_step_span_id, False,
                            _SAMPLED if record.sampled else _UNSAMPLED)
     if record.sampled:
@@ -162,14 +151,6 @@ def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., A
         samples_ctr(record.samples, base)
     if record.tokens:
         tokens_ctr(record.tokens, base)
-    if parts_ctr is not None:
-        for part, seconds in record.parts.items():
-            if seconds:
-                parts_ctr(seconds, {**base, semconv.ATTR_PART: part})
-    if goodput_ctr is not None:
-        for bucket, seconds in record.goodput.items():
-            if seconds:
-                goodput_ctr(seconds, {**base, semconv.ATTR_GOODPUT_BUCKET: bucket})
     if record.sampled:
         attributes: dict[str, Any] = {
             semconv.LOG_STEP: record.step, semconv.LOG_PHASE: "step",

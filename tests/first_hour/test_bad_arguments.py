@@ -105,7 +105,7 @@ def test_a_bad_demo_argument_is_one_line_before_any_rank_starts(
 
 def test_the_output_folder_of_the_environment_is_named_as_such(place: Path) -> None:
     done, _ = otel_train(place, "demo", env={"OTEL_TRAIN_OUTPUT_DIR": str(place / "a-file")})
-    assert_one_line_error(done, "demo", "$OTEL_TRAIN_OUTPUT_DIR", "is a file, not a folder")
+    assert_one_line_error(done, "demo", "OTEL_TRAIN_OUTPUT_DIR", "is a file, not a folder")
 
 
 # --- report ----------------------------------------------------------------------------------

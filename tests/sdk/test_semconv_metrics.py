@@ -126,9 +126,9 @@ def test_the_collector_serves_every_metric_under_its_derived_name(tmp_path):
 def test_the_per_rank_endpoint_serves_the_derived_names():
     endpoint = PrometheusEndpoint("127.0.0.1", free_port(), 0, "semconv-test")
     try:
-        endpoint.observe_step(0.1, {semconv.PHASE_FORWARD: 0.05}, 8, 512, None,
-                              {semconv.PART_FORWARD: 0.05, semconv.PART_NOT_EXPLAINED: 0.05},
-                              {semconv.GOODPUT_PRODUCTIVE: 0.05})
+        endpoint.observe_step(0.1, {semconv.PHASE_FORWARD: 0.05}, 8, 512, None)
+        endpoint.add_step_time({semconv.PART_FORWARD: 0.05, semconv.PART_NOT_EXPLAINED: 0.05},
+                               {semconv.GOODPUT_PRODUCTIVE: 0.05})
         endpoint.add_cpu_throttled(0.5)
         body = http_get(f"http://127.0.0.1:{endpoint.port}/metrics")[1]
     finally:

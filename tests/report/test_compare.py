@@ -1,0 +1,285 @@
+"""``otel-train compare``: changes with intervals from the steps, verdicts, where the time
+moved, the gate's exit code; on synthetic runs with a planted slowdown and on real demo runs
+that differ in one setting."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support import report_fixtures as rf
+
+from otel_train import semconv as sc
+from otel_train.analysis.compare import (
+    BETTER,
+    NO_DIFFERENCE,
+    SCHEMA,
+    TOO_FEW_STEPS,
+    WORSE,
+    Comparison,
+    compare,
+    labels,
+    parse_gate,
+)
+from otel_train.analysis.compare_runs import FIGURES, load_run
+from otel_train.analysis.compare_stats import (
+    Quantile,
+    RatioOfSums,
+    block_length,
+    replicates,
+    wilson_interval,
+)
+from otel_train.cli import main
+
+SLOW_RANK, STEPS = 1, 120
+#: no data-wait spikes: three 1.9 s steps in 120 would hide a 10 ms change of the mean
+QUIET = {"steps": STEPS, "spike_steps": ()}
+
+
+def slowed_backward(rank: int, factor: float) -> Callable[..., list[rf.RankStep]]:
+    """report_fixtures' step, with ``rank``'s backward ``factor`` times longer: the others
+    then wait for it in the all-reduce (their exposed communication grows), as in
+    synchronous training."""
+    simulate = rf.simulate_step
+
+    def step(spec: rf.RunSpec, rng: random.Random, step: int,
+             start_ns: int) -> list[rf.RankStep]:
+        out = simulate(spec, rng, step, start_ns)
+        done = [_before_all_reduce(rs) for rs in out]
+        margin = done[0] + out[0].phases[sc.PHASE_EXPOSED_COMM] - max(done)
+        out[rank].phases[sc.PHASE_BACKWARD] *= factor
+        done[rank] = _before_all_reduce(out[rank])
+        barrier = max(done) + margin
+        for rs, ready in zip(out, done, strict=True):
+            rs.phases[sc.PHASE_EXPOSED_COMM] = barrier - ready
+            rs.end_ns = start_ns + int((barrier + rs.phases[sc.PHASE_OPTIMIZER]) * 1e9)
+        return out
+
+    return step
+
+
+def _before_all_reduce(rs: rf.RankStep) -> float:
+    return sum(s for p, s in rs.phases.items()
+               if p not in (sc.PHASE_OPTIMIZER, sc.PHASE_EXPOSED_COMM))
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("compare")
+    base = rf.write_run(rf.RunSpec(run_id="base", seed=1, **QUIET), root)
+    again = rf.write_run(rf.RunSpec(run_id="again", seed=3, **QUIET), root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rf, "simulate_step", slowed_backward(SLOW_RANK, 1.10))
+        slow = rf.write_run(rf.RunSpec(run_id="slow", seed=2, **QUIET), root)
+    return {"base": base, "again": again, "slow": slow}
+
+
+def _compare(*paths: Path) -> Comparison:
+    return compare([load_run(p, label) for p, label in zip(paths, labels(list(paths)),
+                                                          strict=True)], resamples=500)
+
+
+def _row(result: Comparison, key: str):
+    return next(row for row in result.rows if row.figure.key == key)
+
+
+# --- the statistics ---------------------------------------------------------------------------
+
+
+def test_block_length_grows_as_the_cube_root() -> None:
+    assert [block_length(n) for n in (1, 8, 19, 120, 10_000)] == [1, 2, 3, 5, 22]
+
+
+def test_replicates_of_a_constant_series_are_the_constant() -> None:
+    stats = {"mean": RatioOfSums([([2.0] * 30, [1.0] * 30)]),
+             "median": Quantile([2.0] * 30, 0.5)}
+    reps = replicates(stats, 30, 50, seed=0)
+    assert set(reps["mean"]) == {2.0} and set(reps["median"]) == {2.0}
+
+
+def test_the_interval_of_a_mean_covers_it_about_95_percent_of_the_time() -> None:
+    # AR(1) steps (phi 0.5): an interval from single-step resampling would be too narrow
+    rng, covered, trials = random.Random(5), 0, 60
+    for trial in range(trials):
+        x, series = 0.0, []
+        for _ in range(200):
+            x = 0.5 * x + rng.gauss(0, 1)
+            series.append(x + 10)
+        reps = replicates({"m": RatioOfSums([(series, [1.0] * 200)])}, 200, 300, seed=trial)
+        ordered = sorted(reps["m"])
+        covered += ordered[7] <= 10 <= ordered[292]
+    assert covered >= 0.85 * trials
+
+
+def test_wilson_interval() -> None:
+    low, high = wilson_interval(0, 5)
+    assert low == 0 and 0.43 < high < 0.44
+    low, high = wilson_interval(5, 10)
+    assert 0.23 < low < 0.24 and 0.76 < high < 0.77
+
+
+# --- synthetic runs ---------------------------------------------------------------------------
+
+
+def test_a_planted_slowdown_of_backward_on_one_rank_is_found(synthetic) -> None:
+    result = _compare(synthetic["base"], synthetic["slow"])
+    step = _row(result, "step_time").cells[0]
+    assert step.verdict == WORSE and step.change_interval[0] > 0, step
+    assert _row(result, "samples_per_s").cells[0].verdict == WORSE
+    assert _row(result, "backward").cells[0].verdict == WORSE
+    assert _row(result, "forward").cells[0].verdict == NO_DIFFERENCE
+    where = result.where[0]
+    assert where.parts[0].part == sc.PART_BACKWARD and where.parts[0].ranks == [SLOW_RANK]
+    # ~10% of a ~100 ms backward, on that rank
+    assert 0.006 < where.parts[0].delta_s < 0.016, where.parts
+    assert "backward +" in where.sentence and f"on rank {SLOW_RANK}" in where.sentence
+    assert "longer than base's" in where.sentence, where.sentence
+    assert "wait for it: exposed comm" in where.sentence, where.sentence
+
+
+def test_the_figures_are_the_reports(synthetic) -> None:
+    run = load_run(synthetic["slow"], "slow")
+    report = run.report
+    assert run.value("samples_per_s") == pytest.approx(report.steady_samples_per_s, rel=1e-9)
+    assert run.value("tokens_per_s") == pytest.approx(report.steady_tokens_per_s, rel=1e-9)
+    assert run.value("goodput") == report.goodput.ratio
+    assert run.value("straggler") == report.straggler == SLOW_RANK
+    # the mean step is the mean of the ranks' mean steps, and its parts add up to it
+    ranks = report.rank_rows
+    assert run.value("step_time") == pytest.approx(sum(r.mean_s for r in ranks) / len(ranks))
+    assert sum(run.value(p) for p in sc.PARTS) == pytest.approx(run.value("step_time"))
+
+
+def test_the_same_configuration_shows_no_detectable_difference(synthetic) -> None:
+    result = _compare(synthetic["base"], synthetic["again"])
+    for row in result.rows:
+        if row.figure.stepwise and row.figure.key != "straggler_wait":
+            assert row.cells[0].verdict == NO_DIFFERENCE, (row.figure.key, row.cells[0])
+    assert "no different from" in result.where[0].sentence
+
+
+def test_a_run_against_itself_shows_no_difference_on_every_row(synthetic) -> None:
+    result = _compare(synthetic["base"], synthetic["base"])
+    for row in result.rows:
+        cell = row.cells[0]
+        assert cell.verdict not in (BETTER, WORSE), (row.figure.key, cell)
+        assert not cell.delta, (row.figure.key, cell)
+    assert not result.failures
+
+
+def test_the_json_document(synthetic, capsys) -> None:
+    code = main(["compare", str(synthetic["base"]), str(synthetic["slow"]), "--json",
+                 "--resamples", "200"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0 and doc["gate"]["passed"] and doc["schema"] == SCHEMA  # +2.6% < 5%
+    assert [r["label"] for r in doc["runs"]] == ["base", "slow"] and doc["runs"][0]["baseline"]
+    assert [r["key"] for r in doc["rows"]] == [f.key for f in FIGURES]
+    step = next(r for r in doc["rows"] if r["key"] == "step_time")
+    assert step["better"] == "lower" and step["interval"] is True
+    assert set(step["changes"][0]) == {"run", "verdict", "delta", "change", "delta_interval",
+                                       "change_interval"}
+    assert doc["gate"]["thresholds"] == {"step_time": "+5%", "samples_per_s": "-5%"}
+    assert doc["where"][0]["parts"][0]["part"] == "backward"
+
+
+def test_runs_too_short_for_an_interval_say_so(tmp_path) -> None:
+    short = rf.write_run(rf.RunSpec(run_id="short", steps=8, spike_steps=()), tmp_path)
+    result = _compare(short, short)
+    assert _row(result, "step_time").cells[0].verdict == TOO_FEW_STEPS
+    assert "too few steady steps" in result.where[0].sentence
+    assert not result.failures  # no worse beyond a threshold: the gate passes
+
+
+# --- the gate ---------------------------------------------------------------------------------
+
+
+def test_the_gate_fails_a_worse_run_and_passes_the_same_run(synthetic, capsys) -> None:
+    base, slow = str(synthetic["base"]), str(synthetic["slow"])
+    # the planted slowdown makes the step ~2.6% longer: below the default 5%, above 1%
+    assert main(["compare", base, slow, "--resamples", "200"]) == 0
+    assert main(["compare", base, slow, "--gate", "step_time=+1%", "--resamples", "200"]) == 1
+    out = capsys.readouterr().out
+    assert "gate: FAILED" in out and "step_time" in out
+    assert main(["compare", base, base, "--gate", "step_time=+1%",
+                 "--gate", "backward=+1ms", "--resamples", "200"]) == 0
+    assert main(["compare", base, slow, "--gate", "backward=+1ms", "--resamples", "200"]) == 1
+    assert main(["compare", base, slow, "--gate", "samples_per_s=-1%",
+                 "--gate", "step_time=off", "--resamples", "200"]) == 1
+
+
+def test_the_gate_passes_a_better_run(synthetic) -> None:
+    assert main(["compare", str(synthetic["slow"]), str(synthetic["base"]),
+                 "--gate", "step_time=+1%", "--resamples", "200"]) == 0
+
+
+def test_gate_syntax() -> None:
+    assert parse_gate("step_time=+3%")[1].amount == pytest.approx(0.03)
+    assert parse_gate("samples_per_s=3%")[1].amount == pytest.approx(0.03)
+    threshold = parse_gate("straggler_wait=+2ms")[1]
+    assert threshold.absolute and threshold.amount == pytest.approx(0.002)
+    assert parse_gate("step_time=off") == ("step_time", None)
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["compare", "RUN"], "give at least two runs"),
+    (["compare", "RUN", "/nonexistent/run"], "/nonexistent/run does not exist"),
+    (["compare", "RUN", "RUN", "--gate", "step_time=3"], "is not KEY=+N%"),
+    (["compare", "RUN", "RUN", "--gate", "speed=+3%"], "no figure 'speed'"),
+    (["compare", "RUN", "RUN", "--gate", "samples_per_s=+3%"], "write samples_per_s=-3%"),
+    (["compare", "RUN", "RUN", "--gate", "straggler_wait=+3%"], "in ms or s"),
+    (["compare", "RUN", "RUN", "--html", "/nonexistent/x.html"], "does not exist"),
+])
+def test_argument_errors_are_one_line(synthetic, capsys, argv, said) -> None:
+    argv = [str(synthetic["base"]) if a == "RUN" else a for a in argv]
+    try:
+        code = main(argv)
+    except SystemExit as exit_:  # argparse's errors (otel_train.cli.Parser)
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("otel-train compare: ") and said in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_html_puts_the_runs_side_by_side(synthetic, tmp_path, capsys) -> None:
+    page = tmp_path / "compare.html"
+    main(["compare", str(synthetic["base"]), str(synthetic["slow"]), "--html", str(page),
+          "--resamples", "200"])
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "<script" not in text and "http" not in text
+    assert "slow vs base" in text and "backward +" in text and "gate: passed" in text
+
+
+# --- real runs ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("demos")
+    return {seq: rf.run_demo(root, f"seq-{seq}", steps=20, extra_args=("--seq-len", seq))
+            for seq in ("32", "128")}
+
+
+@pytest.mark.slow
+def test_a_longer_sequence_is_a_longer_step_and_the_parts_that_grew_say_why(demo_runs) -> None:
+    result = _compare(demo_runs["32"], demo_runs["128"])
+    step = _row(result, "step_time").cells[0]
+    assert step.verdict == WORSE and step.change_interval[0] > 0, step
+    assert _row(result, "tokens_per_s").cells[0].verdict == BETTER  # 4x the tokens a step
+    where = result.where[0]
+    assert where.parts, where.sentence
+    # the compute on 4x the tokens grew; whatever else is named grew too
+    assert where.parts[0].part in (sc.PART_FORWARD, sc.PART_BACKWARD), where.sentence
+    for move in where.parts:
+        assert move.delta_s > 0 and _row(result, move.part).cells[0].delta > 0, where.sentence
+    assert where.sentence.startswith("seq-128's step is") and " longer than " in where.sentence
+
+
+@pytest.mark.slow
+def test_a_real_run_against_itself_shows_no_difference(demo_runs) -> None:
+    result = _compare(demo_runs["32"], demo_runs["32"])
+    for row in result.rows:
+        assert row.cells[0].verdict not in (BETTER, WORSE), (row.figure.key, row.cells[0])
+    assert main(["compare", str(demo_runs["32"]), str(demo_runs["32"])]) == 0
