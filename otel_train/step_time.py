@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from otel_train import semconv as sc
 from otel_train.collectives_math import Interval
@@ -69,6 +69,19 @@ def _winner(mask: int) -> int:
 _WINNER = tuple(_winner(mask) for mask in range(1 << _BITS))
 
 
+#: each part's place in the lists of :func:`partition_ns` (``semconv.PARTS``' order), and
+#: each goodput bucket's in :func:`goodput_list`'s (``semconv.GOODPUT_BUCKETS``')
+_AT = {part: i for i, part in enumerate(sc.PARTS)}
+_B = {bucket: i for i, bucket in enumerate(sc.GOODPUT_BUCKETS)}
+_CATEGORY_AT = tuple(_AT[part] for part in _PART_OF)
+_COMPUTE_AT = tuple(_AT[p] for p in _COMPUTE)
+_PHASE_AT = {phase: _AT[phase] for phase in _PHASE_ORDER}
+_DATA_WAIT_AT, _COMM_AT, _COMPILE_AT = (_AT[sc.PART_DATA_WAIT], _AT[sc.PART_EXPOSED_COMM],
+                                        _AT[sc.PART_COMPILE])
+_DEVICE_AT, _BUSY_AT, _NOT_EXPLAINED_AT = (_AT[sc.PART_DEVICE_WAIT], _AT[sc.PART_HOST_BUSY],
+                                           _AT[sc.PART_NOT_EXPLAINED])
+
+
 def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
               exposed: Iterable[Interval] = (), compiles: Iterable[Interval] = (),
               outside: Mapping[str, int] | None = None) -> dict[str, int]:
@@ -78,13 +91,66 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
     exposed communication; ``compiles``: the compilations; ``outside``: ns of the time
     outside the phases the host was blocked on the device (``device_wait``) or busy
     (``host_busy``). Every part is present (0 where none); the values add up to ``hi - lo``.
-
-    One sweep over the intervals' edges (the emitter thread runs it every step: a few tens
-    of edges, one sort), each stretch between two edges given to its category.
     """
-    parts = dict.fromkeys(sc.PARTS, 0)
+    outside = outside or {}
+    return dict(zip(sc.PARTS, partition_ns(
+        lo, hi, [(phase, 0, start, end) for phase, start, end in phases], list(exposed),
+        list(compiles), int(outside.get(sc.PART_DEVICE_WAIT, 0)),
+        int(outside.get(sc.PART_HOST_BUSY, 0))), strict=True))
+
+
+def partition_ns(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
+                 exposed: Sequence[Interval], compiles: Sequence[Interval],
+                 device_wait: int, host_busy: int) -> list[int]:
+    """:func:`partition` as the emitter thread calls it once a step: the phases as the
+    tracker records them, (phase, micro-batch, start, end); the parts' ns in
+    ``semconv.PARTS``' order.
+
+    A step without communication or compile intervals whose phases follow one another (a
+    GPU run's, the usual) is added up in one pass over its phases; any other step takes one
+    sweep over its intervals' edges (a sort), each stretch between two edges given to its
+    category."""
+    parts = [0] * len(sc.PARTS)
     if hi <= lo:
         return parts
+    if not exposed and not compiles:
+        covered = _phases_in_order(lo, hi, phases, parts)
+        if covered is not None:
+            return _outside(parts, hi - lo - covered, 0, device_wait, host_busy)
+        parts = [0] * len(sc.PARTS)
+    ns = _sweep(lo, hi, phases, exposed, compiles)
+    for category, at in enumerate(_CATEGORY_AT):
+        parts[at] += ns[category]
+    return _outside(parts, ns[_OUTSIDE] + ns[_OUTSIDE_COMM], ns[_OUTSIDE_COMM], device_wait,
+                    host_busy)
+
+
+def _phases_in_order(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
+                     parts: list[int]) -> int | None:
+    """Add each phase's time in ``[lo, hi)`` to ``parts``; the ns they cover, or None where
+    a phase begins before the one before it ended (they overlap: the sweep decides)."""
+    covered = 0
+    last_end = lo
+    at = _PHASE_AT.get
+    for phase, _, start, end in phases:
+        if start < lo:
+            start = lo
+        if end > hi:
+            end = hi
+        if end <= start:
+            continue
+        if start < last_end:
+            return None
+        parts[at(phase, _NOT_EXPLAINED_AT)] += end - start
+        covered += end - start
+        last_end = end
+    return covered
+
+
+def _sweep(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
+           exposed: Sequence[Interval], compiles: Sequence[Interval]) -> list[int]:
+    """ns of ``[lo, hi)`` by category (the module doc's order, then outside every phase
+    without and with a collective in flight)."""
     edges = []
     for category, intervals in ((_COMPILE, compiles), (_COMM, exposed)):
         for start, end in intervals:
@@ -92,7 +158,7 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
                 edges.append((start, category, 1))
                 edges.append((end, category, -1))
     index = _PHASE_INDEX.get
-    for phase, start, end in phases:
+    for phase, _, start, end in phases:
         if end > start:
             category = index(phase, _OTHER_PHASE)
             edges.append((start, category, 1))
@@ -115,18 +181,22 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
             mask &= ~(1 << category)
     if prev < hi:
         ns[winner[mask]] += hi - prev
-    for category, part in enumerate(_PART_OF):
-        parts[part] += ns[category]
-    left = ns[_OUTSIDE] + ns[_OUTSIDE_COMM]
-    outside = outside or {}
-    device = min(max(int(outside.get(sc.PART_DEVICE_WAIT, 0)), 0), left)
-    busy = min(max(int(outside.get(sc.PART_HOST_BUSY, 0)), 0), left - device)
+    return ns
+
+
+def _outside(parts: list[int], left: int, with_comm: int, device_wait: int,
+             host_busy: int) -> list[int]:
+    """The ``left`` ns outside every phase given out: blocked on the device, host busy (the
+    gap sampler's figures, capped), then communication in flight (``with_comm`` of it),
+    then not explained."""
+    device = min(max(device_wait, 0), left)
+    busy = min(max(host_busy, 0), left - device)
     rest = left - device - busy
-    comm = min(ns[_OUTSIDE_COMM], rest)
-    parts[sc.PART_DEVICE_WAIT] = device
-    parts[sc.PART_HOST_BUSY] = busy
-    parts[sc.PART_EXPOSED_COMM] += comm
-    parts[sc.PART_NOT_EXPLAINED] += rest - comm
+    comm = min(with_comm, rest)
+    parts[_DEVICE_AT] = device
+    parts[_BUSY_AT] = busy
+    parts[_COMM_AT] += comm
+    parts[_NOT_EXPLAINED_AT] += rest - comm
     return parts
 
 
@@ -136,18 +206,27 @@ def goodput(parts: Mapping[str, float], warmup: bool, before_s: float,
     its parts, and the ``before_s`` seconds since the rank's previous step ended (or since
     the process started, for the first step: ``before_bucket`` startup). A warm-up step's
     time other than compile is all ``warmup``; a steady step's compute is ``productive``."""
-    out = dict.fromkeys(sc.GOODPUT_BUCKETS, 0.0)
-    out[before_bucket] += max(before_s, 0.0)
-    out[sc.GOODPUT_COMPILE] += parts.get(sc.PART_COMPILE, 0.0)
+    values = [parts.get(part, 0.0) for part in sc.PARTS]
+    return dict(zip(sc.GOODPUT_BUCKETS, goodput_list(
+        values, warmup, before_s, before_bucket == sc.GOODPUT_STARTUP), strict=True))
+
+
+def goodput_list(parts: Sequence[float], warmup: bool, before: float,
+                 first: bool) -> list[float]:
+    """:func:`goodput` on :func:`partition_ns`'s list (any unit: ns on the emitter thread),
+    in ``semconv.GOODPUT_BUCKETS``' order; ``first``: the time before is start-up."""
+    out = [0] * len(sc.GOODPUT_BUCKETS)
+    out[_B[sc.GOODPUT_STARTUP] if first else _B[sc.GOODPUT_BETWEEN_STEPS]] = max(before, 0)
+    compile_time = parts[_COMPILE_AT]
+    out[_B[sc.GOODPUT_COMPILE]] = compile_time
     if warmup:
-        out[sc.GOODPUT_WARMUP] += sum(v for k, v in parts.items() if k != sc.PART_COMPILE)
+        out[_B[sc.GOODPUT_WARMUP]] = sum(parts) - compile_time
         return out
-    out[sc.GOODPUT_PRODUCTIVE] += sum(parts.get(p, 0.0) for p in _COMPUTE)
-    out[sc.GOODPUT_DATA_WAIT] += parts.get(sc.PART_DATA_WAIT, 0.0)
-    out[sc.GOODPUT_EXPOSED_COMM] += parts.get(sc.PART_EXPOSED_COMM, 0.0)
-    out[sc.GOODPUT_DEVICE_WAIT] += parts.get(sc.PART_DEVICE_WAIT, 0.0)
-    out[sc.GOODPUT_OUTSIDE_PHASES] += (parts.get(sc.PART_HOST_BUSY, 0.0)
-                                       + parts.get(sc.PART_NOT_EXPLAINED, 0.0))
+    out[_B[sc.GOODPUT_PRODUCTIVE]] = sum(parts[at] for at in _COMPUTE_AT)
+    out[_B[sc.GOODPUT_DATA_WAIT]] = parts[_DATA_WAIT_AT]
+    out[_B[sc.GOODPUT_EXPOSED_COMM]] = parts[_COMM_AT]
+    out[_B[sc.GOODPUT_DEVICE_WAIT]] = parts[_DEVICE_AT]
+    out[_B[sc.GOODPUT_OUTSIDE_PHASES]] = parts[_BUSY_AT] + parts[_NOT_EXPLAINED_AT]
     return out
 
 

@@ -84,6 +84,14 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     # every step that stands out: a first compile can be the slowest; jitter is not listed
     rankable, slow_note = st.rankable_steps(durations, warm)
     slow = blamed(rankable, top) if rankable else []
+    if len(slow) < top:
+        # a step no longer than the typical one is listed still where its rank's cgroup
+        # throttled it: a quota'd rank is slow in every step, so none stands out
+        others = set(durations) - rankable - warm
+        throttled = [s for s in blamed(others, top - len(slow)) if s.throttled_s is not None]
+        if throttled:
+            slow = sorted(slow + throttled, key=lambda s: s.duration_s, reverse=True)
+            slow_note = None
     warmup = blamed(set(warm_durations), len(warm_durations)) if warm_durations else []
     warmup.sort(key=lambda s: s.step)
     for slow_step in slow + warmup:

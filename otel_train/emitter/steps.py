@@ -37,8 +37,8 @@ _UNSAMPLED = TraceFlags(0)
 
 StepListener = Callable[[StepRecord], None]
 #: the gap sampler's split of the time outside the phases (sources/gaps.py), on the rank step
-_OUTSIDE_TOTALS = tuple((part, semconv.ATTR_PHASE_TOTAL_PREFIX + part)
-                        for part in (semconv.PART_DEVICE_WAIT, semconv.PART_HOST_BUSY))
+_DEVICE_WAIT_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_DEVICE_WAIT
+_HOST_BUSY_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_HOST_BUSY
 
 
 def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
@@ -270,17 +270,16 @@ class StepAssembly:
         """The step's parts and goodput (otel_train/step_time.py), once every listener has
         added what it measured: the one place a step's time is divided."""
         offset, extra = self.offset, info.extra_attributes
-        outside = {part: int(extra.get(key, 0.0) * 1e9) for part, key in _OUTSIDE_TOTALS}
-        ns = step_time.partition(
-            start, end, [(r[0], r[2], r[3]) for r in info.phase_intervals],
-            info.exposed_intervals, [(a - offset, b - offset) for a, b in info.compile_intervals],
-            outside)
-        info.parts = parts = {part: v / 1e9 for part, v in ns.items()}
+        compiles = info.compile_intervals
+        info.parts_ns = parts = step_time.partition_ns(
+            start, end, info.phase_intervals, info.exposed_intervals,
+            [(a - offset, b - offset) for a, b in compiles] if compiles else compiles,
+            int(extra.get(_DEVICE_WAIT_TOTAL, 0.0) * 1e9),
+            int(extra.get(_HOST_BUSY_TOTAL, 0.0) * 1e9))
         first = self._last_end is None
         before = start + offset - self._run_start_ns if first else start - self._last_end
-        self.time_counters.add(parts, step_time.goodput(
-            parts, first or ns[semconv.PART_COMPILE] > 0, before / 1e9,
-            semconv.GOODPUT_STARTUP if first else semconv.GOODPUT_BETWEEN_STEPS))
+        self.time_counters.add(parts, step_time.goodput_list(
+            parts, first or bool(compiles), before, first))
         self._last_end = end
 
     def _after_step(self, info: StepRecord, duration_s: float) -> None:
@@ -308,10 +307,11 @@ class StepAssembly:
 
 class TimeCounters:
     """``training.step.time`` by part and ``training.goodput.time`` by bucket: the steps'
-    seconds summed here and added once a drain (:meth:`publish`, on the emitter's tick, the
-    last drain's too), not once a step: a dozen counter adds a step cost the exporter more
-    than the step's spans. A part or bucket is added once it holds time (its series appears
-    then); what a step adds is never lost with the step's record."""
+    ns summed here, in ``semconv.PARTS``' and ``semconv.GOODPUT_BUCKETS``' order, and added
+    once a drain (:meth:`publish`, on the emitter's tick, the last drain's too), not once a
+    step: a dozen counter adds a step cost the exporter more than the step's spans. A part or
+    bucket is added once it holds time (its series appears then); what a step adds is never
+    lost with the step's record."""
 
     def __init__(self, pipeline: Any, ident: Identity, prometheus: Any) -> None:
         meter = getattr(pipeline, "meter", None)
@@ -320,25 +320,32 @@ class TimeCounters:
             semconv.create(meter, semconv.METRIC_GOODPUT_TIME))
         self.prometheus = prometheus
         base = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
+        self._keys = (semconv.PARTS, semconv.GOODPUT_BUCKETS)
         self._attrs = (
-            {p: {**base, semconv.ATTR_PART: p} for p in semconv.PARTS},
-            {b: {**base, semconv.ATTR_GOODPUT_BUCKET: b} for b in semconv.GOODPUT_BUCKETS})
-        self._pending: tuple[dict[str, float], dict[str, float]] = ({}, {})
+            [{**base, semconv.ATTR_PART: p} for p in semconv.PARTS],
+            [{**base, semconv.ATTR_GOODPUT_BUCKET: b} for b in semconv.GOODPUT_BUCKETS])
+        self._parts = [0] * len(semconv.PARTS)
+        self._buckets = [0] * len(semconv.GOODPUT_BUCKETS)
+        self._pending = False
 
-    def add(self, parts: dict[str, float], buckets: dict[str, float]) -> None:
-        for pending, values in zip(self._pending, (parts, buckets)):
-            for key, seconds in values.items():
-                if seconds:
-                    pending[key] = pending.get(key, 0.0) + seconds
+    def add(self, parts: list[int], buckets: list[int]) -> None:
+        """A step's parts and goodput buckets, ns (step_time.partition_ns, goodput_list)."""
+        self._parts = [a + b for a, b in zip(self._parts, parts)]
+        self._buckets = [a + b for a, b in zip(self._buckets, buckets)]
+        self._pending = True
 
     def publish(self) -> None:
-        parts, buckets = self._pending
-        if not parts and not buckets:
+        if not self._pending:
             return
-        self._pending = ({}, {})
+        pending = (self._parts, self._buckets)
+        self._parts = [0] * len(semconv.PARTS)
+        self._buckets = [0] * len(semconv.GOODPUT_BUCKETS)
+        self._pending = False
         if self._counters is not None:
-            for counter, attrs, pending in zip(self._counters, self._attrs, (parts, buckets)):
-                for key, seconds in pending.items():
-                    counter.add(seconds, attrs[key])
+            for counter, attrs, values in zip(self._counters, self._attrs, pending):
+                for i, ns in enumerate(values):
+                    if ns:
+                        counter.add(ns / 1e9, attrs[i])
         if self.prometheus is not None:
-            self.prometheus.add_step_time(parts, buckets)
+            self.prometheus.add_step_time(*({key: ns / 1e9 for key, ns in zip(keys, values) if ns}
+                                            for keys, values in zip(self._keys, pending)))

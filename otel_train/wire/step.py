@@ -67,10 +67,10 @@ class StepRecord:
     extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
     #: events of the train.rank_step span as (name, epoch ns, attributes) (sources/gaps.py)
     events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
-    #: the step's time split into disjoint parts that add up to it, seconds by part
-    #: (otel_train/step_time.py; made once the listeners have run; their counters are added
-    #: on the emitter, once a drain: emitter/steps.py TimeCounters)
-    parts: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: the step's time split into disjoint parts that add up to it, ns in semconv.PARTS'
+    #: order (otel_train/step_time.py; made once the listeners have run; their counters are
+    #: added on the emitter, once a drain: emitter/steps.py TimeCounters)
+    parts_ns: list[int] = dataclasses.field(default_factory=list)
 
     # --- the emitter thread's working state: never sent -----------------------------------
     #: the train.rank_step span's context (``trace_id``, ``rank_step_span_id``, ``sampled``)
@@ -156,11 +156,20 @@ def emit(record: StepRecord, span: Callable[..., Any], emit_log: Callable[..., A
             semconv.LOG_STEP: record.step, semconv.LOG_PHASE: "step",
             semconv.LOG_DURATION: step_s,
             **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in record.phase_totals.items()},
-            **{semconv.ATTR_RANK_STEP_PART_PREFIX + p: s for p, s in record.parts.items()},
+            **_parts(record),
             semconv.LOG_RUN_ID: record.run_id, semconv.LOG_RANK: record.rank,
         }
         emit_log(record.end_ns, observed_ns or record.end_ns, rank_ctx, SeverityNumber.INFO,
                  "INFO", semconv.LOG_STEP_END, attributes)
+
+
+#: the rank step's attribute of each part, in semconv.PARTS' order
+_PART_ATTRIBUTES = tuple(semconv.ATTR_RANK_STEP_PART_PREFIX + p for p in semconv.PARTS)
+
+
+def _parts(record: StepRecord) -> dict[str, float]:
+    """The step's parts as attributes, seconds (none where they were not made)."""
+    return {key: ns / 1e9 for key, ns in zip(_PART_ATTRIBUTES, record.parts_ns)}
 
 
 def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) -> None:
@@ -180,7 +189,7 @@ def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) 
         semconv.ATTR_SAMPLES: record.samples,
         semconv.ATTR_TOKENS: record.tokens,
         **{semconv.ATTR_PHASE_TOTAL_PREFIX + p: s for p, s in record.phase_totals.items()},
-        **{semconv.ATTR_RANK_STEP_PART_PREFIX + p: s for p, s in record.parts.items()},
+        **_parts(record),
         **record.extra_attributes,
     }
     span(semconv.SPAN_RANK_STEP, root_ctx, record.start_ns, record.end_ns, rank_attrs,

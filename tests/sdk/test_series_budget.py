@@ -223,7 +223,9 @@ def test_dashboard_queries_evaluate_on_native_histograms(native: Run) -> None:
     sys.path.insert(0, str(REPO_ROOT / "dashboards"))
     from otel_dashboards import queries
 
-    values = {"run_id": native.run_id, "rank": ".*", "world_size": str(RANKS),
+    # the compare dashboard's two runs: the run against itself
+    values = {"run_id": native.run_id, "run_a": native.run_id, "run_b": native.run_id,
+              "rank": ".*", "world_size": str(RANKS),
               "backend": ".*", "namespace": ".*", "pod": ".*", "service": "otel-train",
               "link_peak_gbps": "450", "stall_threshold": "1s", "rule_group": ".*",
               "__rate_interval": "2m", "__interval": "30s", "__range": "30m"}
