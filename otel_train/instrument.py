@@ -380,7 +380,8 @@ class Instrumentation:
         attrs = {semconv.ATTR_RUN_ID: ident.run_id, semconv.ATTR_RANK: ident.rank,
                  semconv.ATTR_WORLD_SIZE: ident.world_size,
                  semconv.ATTR_STATUS: self._status(exc),
-                 semconv.ATTR_STEPS: self.tracker.step if self.tracker else 0}
+                 semconv.ATTR_STEPS: self.tracker.step if self.tracker else 0,
+                 semconv.ATTR_GOODPUT_START: emitter.steps.account_start_ns}
         run_ctx = emitter.span(
             semconv.SPAN_RUN, run_parent, wall(self._t0_perf), wall(end_perf), attrs,
             span_id=self._run_context.span_id,

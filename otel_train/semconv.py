@@ -198,6 +198,9 @@ PARTS = (PART_DATA_WAIT, PART_FORWARD, PART_BACKWARD, PART_OPTIMIZER, PART_EXPOS
 #: named losses, the counter ``training.goodput.time`` by ``training.goodput.bucket``
 METRIC_GOODPUT_TIME = "training.goodput.time"
 ATTR_GOODPUT_BUCKET = "training.goodput.bucket"
+#: on train.run: where the rank's goodput account begins, epoch ns (its process's start for
+#: the first instrumented run of a process): the run's wall clock starts at the earliest
+ATTR_GOODPUT_START = "training.goodput.start_ns"
 #: the compute parts of steady (not warm-up) steps
 GOODPUT_PRODUCTIVE = "productive"
 #: the rank's start to its first step (process group init, model build, loader start)

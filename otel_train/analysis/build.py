@@ -199,8 +199,8 @@ def _trained_steps_per_rank(metrics: MetricsDigest) -> dict[int, int]:
 
 
 def _trained_steps(metrics: MetricsDigest) -> int | None:
-    counts = [p.count for p in metrics.series(sc.METRIC_STEP_DURATION)]
-    return max(counts) if counts else None
+    counts = metrics.per_rank_count(sc.METRIC_STEP_DURATION)
+    return max(counts.values()) if counts else None
 
 
 def _start_spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],

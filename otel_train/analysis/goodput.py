@@ -18,13 +18,14 @@ from otel_train.analysis.metrics import MetricsDigest
 from otel_train.analysis.report_model import (
     GOODPUT_AFTER_LAST_STEP,
     GOODPUT_OTHER,
+    GOODPUT_RESTART,
     Goodput,
     GoodputRank,
 )
 from otel_train.analysis.traces import UNTIMED, TraceDigest
 
 #: the buckets of a report, in the order every surface shows them
-BUCKETS = (*sc.GOODPUT_BUCKETS, GOODPUT_AFTER_LAST_STEP, GOODPUT_OTHER)
+BUCKETS = (*sc.GOODPUT_BUCKETS, GOODPUT_AFTER_LAST_STEP, GOODPUT_RESTART, GOODPUT_OTHER)
 #: the compute parts of a step: its productive time when it is a steady step
 COMPUTE = (sc.PART_FORWARD, sc.PART_BACKWARD, sc.PART_OPTIMIZER)
 #: the steady steps' parts that are losses of their own bucket
@@ -53,7 +54,14 @@ def goodput(metrics: MetricsDigest, traces: TraceDigest, by_rank: dict[int, list
     mean = {b: sum(r.buckets_s[b] for r in ranks) / n for b in sc.GOODPUT_BUCKETS}
     total = sum(mean.values())
     note = None
-    earlier = _account_lead_s(traces, ranks, by_rank, trained_steps)
+    restarted = any(n > 1 for n in traces.attempts.values())
+    if traces.account_starts and traces.run_spans:  # the ranks' run spans say where
+        earlier = (min(start for start, _ in traces.run_spans.values())
+                   - min(traces.account_starts.values())) / 1e9
+    elif restarted:  # an account of several attempts is not one account's length
+        earlier = None
+    else:
+        earlier = _account_lead_s(traces, ranks, by_rank, trained_steps)
     if earlier is not None and earlier > 0 and traces.run_spans:
         # a rank's account starts at its process start, before its run span: the wall clock
         # runs from the first rank's start, whichever it is
@@ -67,7 +75,9 @@ def goodput(metrics: MetricsDigest, traces: TraceDigest, by_rank: dict[int, list
     rest = wall_s - total
     after = _after_last_step(traces, [r.rank for r in ranks], by_rank, trained_steps)
     mean[GOODPUT_AFTER_LAST_STEP] = min(after, rest) if after is not None else 0.0
-    mean[GOODPUT_OTHER] = rest - mean[GOODPUT_AFTER_LAST_STEP]
+    left = rest - mean[GOODPUT_AFTER_LAST_STEP]
+    # a restart under the run id: what no attempt's account holds lies between attempts
+    mean[GOODPUT_RESTART], mean[GOODPUT_OTHER] = (left, 0.0) if restarted else (0.0, left)
     known = [r.cpu_throttled_s for r in ranks if r.cpu_throttled_s is not None]
     productive = mean[sc.GOODPUT_PRODUCTIVE]
     return Goodput(source=source, wall_s=wall_s, buckets_s=mean, productive_s=productive,

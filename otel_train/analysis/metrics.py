@@ -12,7 +12,9 @@ from pathlib import Path
 from otel_train import semconv as sc
 from otel_train.analysis.otlp import Damage, MetricPoint, iter_metric_points, signal_files
 
-SeriesKey = tuple[str, int | None, tuple[tuple[str, str], ...]]
+#: (name, rank, labels, the series' start): a counter or histogram restarted by a new process
+#: (a launcher's restart under the same run id) is a series of its own, and its totals add
+SeriesKey = tuple[str, int | None, tuple[tuple[str, str], ...], int]
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,8 @@ class MetricsDigest:
     def add(self, point: MetricPoint) -> None:
         labels = tuple(sorted((k, str(v)) for k, v in point.attributes.items()
                               if k not in (sc.ATTR_RANK, sc.ATTR_RUN_ID)))
-        key = (point.name, point.rank, labels)
+        # cumulative points of one process share their start; a gauge's is no series' start
+        key = (point.name, point.rank, labels, 0 if point.kind == "gauge" else point.start_ns)
         known = self.last.get(key)
         if known is None or point.time_ns >= known.time_ns:
             self.last[key] = point
@@ -48,7 +51,7 @@ class MetricsDigest:
                                                raw.get("spanId", ""), float(value)))
 
     def series(self, name: str) -> list[MetricPoint]:
-        return [p for (n, _, _), p in self.last.items() if n == name]
+        return [p for (n, _, _, _), p in self.last.items() if n == name]
 
     def per_rank_total(self, name: str) -> dict[int, float]:
         """Sum over label sets of the final value (or histogram sum) of ``name`` per rank."""
@@ -58,8 +61,17 @@ class MetricsDigest:
             totals[rank] = totals.get(rank, 0.0) + point.value
         return totals
 
+    def per_rank_count(self, name: str) -> dict[int, int]:
+        """Sum over label sets (and a restarted process's series) of the final count of the
+        histogram ``name`` per rank: its steps, for the step histogram."""
+        counts: dict[int, int] = {}
+        for point in self.series(name):
+            rank = -1 if point.rank is None else point.rank
+            counts[rank] = counts.get(rank, 0) + point.count
+        return counts
+
     def names(self) -> set[str]:
-        return {name for name, _, _ in self.last}
+        return {name for name, _, _, _ in self.last}
 
     def window_s(self) -> float:
         """Seconds between the first start and the last point: the run's metric window."""

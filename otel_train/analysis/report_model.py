@@ -338,6 +338,9 @@ class RankResources:
 #: started or ended at other moments than the first and the last)
 GOODPUT_AFTER_LAST_STEP = "after_last_step"
 GOODPUT_OTHER = "other"
+#: that rest where a rank was restarted under the same run id (several train.run spans): the
+#: time between one attempt's last step and the next one's start, mostly
+GOODPUT_RESTART = "restart"
 
 
 @dataclass

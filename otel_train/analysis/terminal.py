@@ -386,6 +386,7 @@ GOODPUT_LABELS = {
     "outside_phases": "outside the phases (host work, not explained)",
     "between_steps": "between steps (eval, checkpoints)",
     "after_last_step": "after the last step (teardown)",
+    "restart": "restart (between attempts under the run id)",
     "other": "other (ranks' start and end apart)",
 }
 #: ranks shown as columns of the goodput table, at most

@@ -314,6 +314,10 @@ class TraceDigest:
     #: each collective's arrival, to match it across ranks (arrivals.py)
     arrivals: ArrivalRows = field(default_factory=ArrivalRows)
     run_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank: (start, end)
+    #: rank: its train.run spans, one an attempt (a launcher's restart under the run id)
+    attempts: dict[int, int] = field(default_factory=dict)
+    #: rank: where its first attempt's goodput account began (its process start), epoch ns
+    account_starts: dict[int, int] = field(default_factory=dict)
     #: rank: (training.status, status message, steps, end ns) of its train.run span
     run_ends: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
     #: rank: (step, end ns) of its last train.rank_step
@@ -371,10 +375,19 @@ class TraceDigest:
             self.compiles.add(attrs, duration_s)
         elif name == sc.SPAN_RUN:
             rank = int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0)))
-            self.run_spans[rank] = (start_ns, end_ns)
-            self.run_ends[rank] = (str(attribute(attrs, sc.ATTR_STATUS, "ok")),
-                                   str((raw.get("status") or {}).get("message", "")),
-                                   int(attribute(attrs, sc.ATTR_STEPS, 0)), end_ns)
+            # a rank restarted under the same run id has a run span an attempt: its run is
+            # the first's start to the last's end, its attempts counted
+            known = self.run_spans.get(rank, (start_ns, end_ns))
+            self.run_spans[rank] = (min(known[0], start_ns), max(known[1], end_ns))
+            self.attempts[rank] = self.attempts.get(rank, 0) + 1
+            account = attribute(attrs, sc.ATTR_GOODPUT_START)
+            if account is not None:
+                self.account_starts[rank] = min(int(account),
+                                                self.account_starts.get(rank, int(account)))
+            if end_ns >= self.run_ends.get(rank, ("", "", 0, 0))[3]:  # the last attempt's
+                self.run_ends[rank] = (str(attribute(attrs, sc.ATTR_STATUS, "ok")),
+                                       str((raw.get("status") or {}).get("message", "")),
+                                       int(attribute(attrs, sc.ATTR_STEPS, 0)), end_ns)
 
     def merge(self, other: TraceDigest) -> None:
         """Take in the digest of the next files: the same as reading them after these."""
@@ -386,8 +399,16 @@ class TraceDigest:
             self.collectives.setdefault(op, CollectiveTally()).merge(tally)
         self.compiles.merge(other.compiles)
         self.arrivals.merge(other.arrivals)
-        self.run_spans.update(other.run_spans)
-        self.run_ends.update(other.run_ends)
+        for rank, (start, end) in other.run_spans.items():
+            known = self.run_spans.get(rank, (start, end))
+            self.run_spans[rank] = (min(known[0], start), max(known[1], end))
+        for rank, n in other.attempts.items():
+            self.attempts[rank] = self.attempts.get(rank, 0) + n
+        for rank, start in other.account_starts.items():
+            self.account_starts[rank] = min(start, self.account_starts.get(rank, start))
+        for rank, end in other.run_ends.items():
+            if end[3] >= self.run_ends.get(rank, ("", "", 0, 0))[3]:
+                self.run_ends[rank] = end
         for rank, last in other.last_steps.items():
             if last[0] >= self.last_steps.get(rank, (-1, 0))[0]:
                 self.last_steps[rank] = last

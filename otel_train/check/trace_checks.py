@@ -32,8 +32,8 @@ def world(t: TraceEvidence) -> int:
 def trace_coverage(ev: RunEvidence) -> CheckResult:
     t = ev.traces
     sampled = sorted(s for s, _ in t.rank_masks if _ == "rank_step")
-    counts = [p.count for p in ev.metrics.series(sc.METRIC_STEP_DURATION)]
-    trained = f" of {max(counts)} trained" if counts else ""
+    counts = ev.metrics.per_rank_count(sc.METRIC_STEP_DURATION)
+    trained = f" of {max(counts.values())} trained" if counts else ""
     if not sampled:
         return _result("trace_coverage", False, f"no train.rank_step spans{trained}",
                        "instrument the run with otel_train.instrument() and check "

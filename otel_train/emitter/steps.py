@@ -102,7 +102,7 @@ class StepAssembly:
         self._step_ends: collections.deque[tuple[int, int]] = collections.deque(maxlen=1024)
         #: where the rank's run began for goodput (epoch ns), and its last step's end (perf
         #: ns; None before the first): the time before a step is start-up or between steps
-        self._run_start_ns = step_time.run_start_ns(time.time_ns())
+        self.account_start_ns = step_time.run_start_ns(time.time_ns())
         self._last_end: int | None = None
         self.time_counters = TimeCounters(pipeline, ident, prometheus)
 
@@ -277,7 +277,7 @@ class StepAssembly:
             int(extra.get(_DEVICE_WAIT_TOTAL, 0.0) * 1e9),
             int(extra.get(_HOST_BUSY_TOTAL, 0.0) * 1e9))
         first = self._last_end is None
-        before = start + offset - self._run_start_ns if first else start - self._last_end
+        before = start + offset - self.account_start_ns if first else start - self._last_end
         self.time_counters.add(parts, step_time.goodput_list(
             parts, first or bool(compiles), before, first))
         self._last_end = end
