@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,20 +55,29 @@ def run(args: argparse.Namespace) -> int:
                    f"{run_dir}: its files hold no telemetry that could be read")
         print(f"otel-train report: {nothing}", file=sys.stderr)
         return 2
-    if args.html:
-        from otel_train.analysis.html import render_html
+    from otel_train.analysis.html import render_html
 
+    return write_outputs("report", args, report.to_dict, lambda: render_html(report),
+                         lambda: render_terminal(report))
+
+
+def write_outputs(command: str, args: argparse.Namespace, as_dict: Callable[[], Any],
+                  html: Callable[[], str], terminal: Callable[[], None]) -> int:
+    """What ``report`` and ``compare`` print: the ``--html`` page written (1 where that
+    fails: the disk filled, or the folder went since it was checked), then ``--json`` or
+    the terminal's tables; 0 once written."""
+    if args.html:
         try:
-            args.html.write_text(render_html(report), encoding="utf-8")
-        except OSError as err:  # the disk filled, or the folder went since it was checked
-            print(f"otel-train report: cannot write --html {args.html}: {err}",
+            args.html.write_text(html(), encoding="utf-8")
+        except OSError as err:
+            print(f"otel-train {command}: cannot write --html {args.html}: {err}",
                   file=sys.stderr)
             return 1
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=1)
+        json.dump(as_dict(), sys.stdout, indent=1)
         sys.stdout.write("\n")
     else:
-        render_terminal(report)
+        terminal()
         if args.html:
             print(f"wrote {args.html}")
     return 0

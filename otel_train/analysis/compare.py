@@ -13,7 +13,6 @@ and its interval excludes zero).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import sys
@@ -486,7 +485,7 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from otel_train.analysis.cli import cannot_write, damage_on_stderr
+    from otel_train.analysis.cli import cannot_write, damage_on_stderr, write_outputs
     from otel_train.analysis.otlp import resolve_run_dir
 
     if len(args.runs) < 2:
@@ -503,20 +502,10 @@ def run(args: argparse.Namespace) -> int:
     result = compare(runs, gates_of(args.gate), args.resamples, args.seed)
     from otel_train.analysis import compare_render as render
 
-    if args.html:
-        try:
-            args.html.write_text(render.html(result), encoding="utf-8")
-        except OSError as err:
-            print(f"otel-train compare: cannot write --html {args.html}: {err}",
-                  file=sys.stderr)
-            return 1
-    if args.json:
-        json.dump(result.to_dict(), sys.stdout, indent=1)
-        sys.stdout.write("\n")
-    else:
-        render.terminal(result)
-        if args.html:
-            print(f"wrote {args.html}")
+    written = write_outputs("compare", args, result.to_dict, lambda: render.html(result),
+                            lambda: render.terminal(result))
+    if written:
+        return written
     return 1 if result.failures else 0
 
 
