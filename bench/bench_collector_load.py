@@ -1,9 +1,9 @@
 """Load the real collector with many ranks' OTLP trace traffic; measure its CPU and memory.
 
 Emulates N ranks of a training job exporting their step traces to a collector, the way the SDK
-does it: per rank and per step one `train.rank_step` with `train.data_wait`, `train.forward`,
-`train.backward`, `train.optimizer` and one `train.collective` child (6 spans; rank 0 adds the
-`train.step` root), every rank of a step in the same trace (trace id shared across ranks), sent
+does it: per rank and per step one `training.rank_step` with `training.data_wait`, `training.forward`,
+`training.backward`, `training.optimizer` and one `training.collective` child (6 spans; rank 0 adds the
+`training.step` root), every rank of a step in the same trace (trace id shared across ranks), sent
 as OTLP/HTTP protobuf batches of several steps per request, like the SDK's batch span processor.
 The bodies are encoded once by the OpenTelemetry SDK's own OTLP encoder from SDK spans with
 otel-train's names and attributes; per request only the trace ids are swapped in.
@@ -93,7 +93,7 @@ processors:
         ottl_condition:
           error_mode: ignore
           span:
-            - span.name == "train.collective" and span.attributes["collective.stalled"] == true
+            - span.name == "training.collective" and span.attributes["training.collective.stalled"] == true
       - name: baseline-share
         type: probabilistic
         probabilistic: {{sampling_percentage: 10}}
@@ -197,9 +197,9 @@ def rank_body(rank: int, world: int, run_id: str, placeholders: list[bytes]) -> 
             cursor += ms * 1_000_000
         spans.append(make(semconv.SPAN_COLLECTIVE, rng.getrandbits(64) | 1, backward_id,
                           backward_start + 100_000_000, backward_start + 400_000_000, {
-                              "collective.op": "reduce_scatter", "collective.backend": "nccl",
-                              "collective.bytes": 268435456, "collective.group_size": world,
-                              "collective.seq": step * 40, "collective.bus_bandwidth_gbps": 180.5,
+                              "training.collective.op": "reduce_scatter", "training.collective.backend": "nccl",
+                              "training.collective.bytes": 268435456, "training.collective.group_size": world,
+                              "training.collective.seq": step * 40, "training.collective.bus_bandwidth_gbps": 180.5,
                           }))
     return encode_spans(spans).SerializeToString(), len(spans)
 

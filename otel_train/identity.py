@@ -188,12 +188,12 @@ def step_trace_id(run_id: str, step: int) -> int:
 
 
 def step_span_id(run_id: str, step: int) -> int:
-    """The span id of the step's root ``train.step`` span (emitted by rank 0)."""
+    """The span id of the step's root ``training.step`` span (emitted by rank 0)."""
     return _id64(_step_hash(_step_prefix(run_id), step), b"\x1froot")
 
 
 def rank_step_span_id(run_id: str, step: int, rank: int) -> int:
-    """The span id of one rank's ``train.rank_step`` span."""
+    """The span id of one rank's ``training.rank_step`` span."""
     return _id64(_step_hash(_step_prefix(run_id), step), f"\x1frank\x1f{rank}".encode())
 
 
@@ -215,7 +215,7 @@ class StepIds:
 
 
 def run_trace_id(run_id: str) -> int:
-    """Trace of the ``train.run`` spans when no launcher context is given."""
+    """Trace of the ``training.run`` spans when no launcher context is given."""
     return _nonzero(int.from_bytes(_digest(run_id, "run"), "big"))
 
 
@@ -239,7 +239,7 @@ def launcher_context(env: Mapping[str, str] | None = None) -> SpanContext | None
     if not span_context.is_valid:
         warnings.warn(
             f"otel-train: TRACEPARENT={traceparent[:80]!r} is not a valid W3C traceparent; "
-            "train.run starts a new trace",
+            "training.run starts a new trace",
             ConfigWarning,
             stacklevel=3,
         )

@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -21,9 +21,10 @@ from otel_train import config as config_mod
 from otel_train import identity, redact, semconv, sources
 from otel_train.config import Config, ConfigWarning
 from otel_train.emitter import Emitter
+from otel_train.emitter.pipeline import Pipeline
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.export.remote import ExporterUnavailable, RemotePipeline
-from otel_train.exporter.providers import Pipeline
+from otel_train.exporter.providers import Pipeline as InProcessPipeline
 from otel_train.identity import Identity
 from otel_train.log_capture import LogCapture, LogContext, internal_logger
 from otel_train.recorder import EVENT, Recorder
@@ -39,6 +40,9 @@ SOURCES: tuple[str, ...] = ("otel_train.sources.compile:CompileSource",
                             "otel_train.sources.gpu.profiler:ProfilerSource",
                             "otel_train.sources.cgroup:CgroupSource",
                             "otel_train.sources.gaps:GapSource")
+# The sources' pre-step listeners run in this order, except where one reads a step field
+# another writes: each declares what it reads and writes (``sources.step_uses``), and the
+# emitter runs every listener after those that write what it reads (emitter/work.py).
 
 _active_lock = threading.Lock()
 _active: Instrumentation | None = None
@@ -183,21 +187,19 @@ class Instrumentation:
         self.recorder = Recorder(cfg.queue_size)
         self.tracker = tracker_class(cfg.fastpath)(self.recorder, ident.run_id, ident.rank,
                                                    cfg.samples_per_step, cfg.tokens_per_step)
-        pipeline = self._pipeline = self._start_pipeline(ident)
+        log_ctx = LogContext(self.recorder, self.tracker, ident.run_id, ident.rank)
+        console = internal_logger(log_ctx, cfg.console_log_level, bridged=False)
+        pipeline = self._pipeline = self._start_pipeline(
+            ident, lambda text: console.warning("otel_train.exporter_lost", detail=text))
         launcher = identity.launcher_context()
         run_trace = launcher.trace_id if launcher else identity.run_trace_id(ident.run_id)
         self._run_context = SpanContext(run_trace, identity.run_span_id(ident.run_id, ident.rank),
                                         False, TraceFlags(TraceFlags.SAMPLED))
         self._launcher = launcher
-        log_ctx = LogContext(self.recorder, self.tracker, ident.run_id, ident.rank)
         self._logs = LogCapture(log_ctx, cfg.console_log_level)
         self._logs.install(cfg.capture_logs)
         self.log = internal_logger(log_ctx, cfg.console_log_level)
-        console = internal_logger(log_ctx, cfg.console_log_level, bridged=False)
         self._prometheus = self._start_prometheus(ident)
-        if isinstance(pipeline, RemotePipeline):
-            pipeline.on_warning = lambda text: console.warning("otel_train.exporter_lost",
-                                                               detail=text)
         self.emitter = Emitter(self.recorder, pipeline, ident, cfg, offset, self._run_context,
                                launcher, self._prometheus, console)
         self.emitter.start()
@@ -231,15 +233,19 @@ class Instrumentation:
         hooks.hook_backward()
         hooks.hook_optimizer(self._optimizer)
 
-    def _start_pipeline(self, ident: Identity) -> Pipeline | RemotePipeline:
-        """The exporter process (the default), else the providers on a thread of ours."""
+    def _start_pipeline(self, ident: Identity, on_exporter_lost: Callable[[str], None]
+                        ) -> Pipeline:
+        """The exporter process (the default), else the providers on a thread of ours.
+        ``on_exporter_lost``: the console's warning when an exporter process is lost (the
+        in-process providers have none to lose)."""
         if self.config.export_process:
             try:
-                return RemotePipeline(self.config, ident, self.run_dir)
+                return RemotePipeline(self.config, ident, self.run_dir,
+                                      on_warning=on_exporter_lost)
             except ExporterUnavailable as err:
                 warnings.warn(f"otel-train: {err}; exporting from the training process "
                               "instead", ConfigWarning, stacklevel=6)
-        return Pipeline(self.config, ident, self.run_dir)
+        return InProcessPipeline(self.config, ident, self.run_dir)
 
     def _start_prometheus(self, ident: Identity) -> PrometheusEndpoint | None:
         port = self.config.prometheus_port
@@ -363,8 +369,7 @@ class Instrumentation:
                           "and the run span are not exported", ConfigWarning, stacklevel=4)
         self.flushed = self._pipeline.shutdown(max(0.1, deadline - time.monotonic()))
         self.dropped = dict(self.emitter.total_dropped())
-        snapshot = getattr(self._pipeline, "accounts_snapshot", None)
-        self.telemetry = snapshot() if snapshot is not None else {}
+        self.telemetry = self._pipeline.accounts_snapshot()
         if self._prometheus is not None:
             self._prometheus.close()
         if any(self.dropped.values()) or not self.flushed:

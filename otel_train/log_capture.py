@@ -258,8 +258,20 @@ def internal_logger(ctx: LogContext, console_level: str, bridged: bool = True) -
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             make_add_ids(ctx),
             *([make_bridge(ctx)] if bridged else []),
+            contract_names,
             structlog.processors.JSONRenderer(default=repr),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_level_number(console_level)),
         logger_name="otel_train",
     )
+
+
+def contract_names(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
+    """otel-train's own console lines under the contract's names, as their exported
+    records have them: ``training.run.id``, ``training.rank``, ``training.step`` beside
+    ``training.world_size``, never ``rank`` beside it (a user's lines keep the short names
+    their formatters use)."""
+    for short, name in semconv.CONSOLE_TO_ATTRIBUTE.items():
+        if short in event:
+            event[name] = event.pop(short)
+    return event

@@ -19,17 +19,17 @@ from dataclasses import dataclass
 from typing import Any
 
 # --- spans -------------------------------------------------------------------------------
-SPAN_RUN = "train.run"
-SPAN_SETUP = "train.setup"
-SPAN_STEP = "train.step"
-SPAN_RANK_STEP = "train.rank_step"
-SPAN_DATA_WAIT = "train.data_wait"
-SPAN_FORWARD = "train.forward"
-SPAN_BACKWARD = "train.backward"
-SPAN_OPTIMIZER = "train.optimizer"
-SPAN_COLLECTIVE = "train.collective"
-SPAN_COMPILE = "train.compile"
-SPAN_CHECKPOINT = "train.checkpoint"
+SPAN_RUN = "training.run"
+SPAN_SETUP = "training.setup"
+SPAN_STEP = "training.step"
+SPAN_RANK_STEP = "training.rank_step"
+SPAN_DATA_WAIT = "training.data_wait"
+SPAN_FORWARD = "training.forward"
+SPAN_BACKWARD = "training.backward"
+SPAN_OPTIMIZER = "training.optimizer"
+SPAN_COLLECTIVE = "training.collective"
+SPAN_COMPILE = "training.compile"
+SPAN_CHECKPOINT = "training.checkpoint"
 
 # --- phases (values of training.phase) ---------------------------------------------------
 PHASE_DATA_WAIT = "data_wait"
@@ -108,47 +108,51 @@ ATTR_CODE_FILE = "code.file.path"
 ATTR_CODE_LINE = "code.line.number"
 ATTR_CODE_STACKTRACE = "code.stacktrace"
 
-ATTR_COLLECTIVE_OP = "collective.op"
-ATTR_COLLECTIVE_BACKEND = "collective.backend"
-ATTR_COLLECTIVE_BYTES = "collective.bytes"
-ATTR_COLLECTIVE_GROUP_SIZE = "collective.group_size"
-ATTR_COLLECTIVE_SEQ = "collective.seq"
-ATTR_COLLECTIVE_DTYPE = "collective.dtype"
-ATTR_COLLECTIVE_BUS_BW = "collective.bus_bandwidth_gbps"
+ATTR_COLLECTIVE_OP = "training.collective.op"
+ATTR_COLLECTIVE_BACKEND = "training.collective.backend"
+ATTR_COLLECTIVE_BYTES = "training.collective.bytes"
+ATTR_COLLECTIVE_GROUP_SIZE = "training.collective.group_size"
+ATTR_COLLECTIVE_SEQ = "training.collective.seq"
+ATTR_COLLECTIVE_DTYPE = "training.collective.dtype"
+ATTR_COLLECTIVE_BUS_BW = "training.collective.bus_bandwidth_gbps"
 #: collectives (sources/collectives*.py): the process group's name, the torch.distributed
 #: function or hook that issued it, async or not, and the stall flag tail sampling keys on
-ATTR_COLLECTIVE_GROUP = "collective.group"
-ATTR_COLLECTIVE_API = "collective.api"
-ATTR_COLLECTIVE_ASYNC = "collective.async"
-ATTR_COLLECTIVE_SHAPE = "collective.shape"
-ATTR_COLLECTIVE_STALLED = "collective.stalled"
+ATTR_COLLECTIVE_GROUP = "training.collective.group"
+ATTR_COLLECTIVE_API = "training.collective.api"
+ATTR_COLLECTIVE_ASYNC = "training.collective.async"
+ATTR_COLLECTIVE_SHAPE = "training.collective.shape"
+ATTR_COLLECTIVE_STALLED = "training.collective.stalled"
 #: python (module wrappers), pg_hook (ProcessGroup pre/post hooks), nccl_flight_recorder
-ATTR_COLLECTIVE_SOURCE = "collective.source"
+ATTR_COLLECTIVE_SOURCE = "training.collective.source"
 #: false when the collective never completed while instrumented (a hang at exit)
-ATTR_COLLECTIVE_COMPLETED = "collective.completed"
+ATTR_COLLECTIVE_COMPLETED = "training.collective.completed"
 #: GPU time from the NCCL flight recorder (TORCH_NCCL_ENABLE_TIMING=1), seconds
-ATTR_COLLECTIVE_GPU_DURATION = "collective.gpu_duration_s"
+ATTR_COLLECTIVE_GPU_DURATION = "training.collective.gpu_duration_s"
 #: summary spans (OTEL_TRAIN_COLLECTIVE_SPANS=summary, or auto past the span budget): one span per (phase, op, group) of a
 #: step standing for ``collective.count`` collectives; bytes and gpu_duration_s are sums,
 #: total_s the sum of their issue-to-completion times, seq the first and seq_last the last
-ATTR_COLLECTIVE_COUNT = "collective.count"
-ATTR_COLLECTIVE_TOTAL_S = "collective.total_s"
-ATTR_COLLECTIVE_SEQ_LAST = "collective.seq_last"
-EVENT_COLLECTIVE_STALLED = "collective.stalled"
-LOG_COLLECTIVE_STALLED = "otel_train.collective_stalled"
+ATTR_COLLECTIVE_COUNT = "training.collective.count"
+ATTR_COLLECTIVE_TOTAL_S = "training.collective.total_s"
+ATTR_COLLECTIVE_SEQ_LAST = "training.collective.seq_last"
+EVENT_COLLECTIVE_STALLED = "training.collective.stalled"
+LOG_COLLECTIVE_STALLED = "training.collective.stalled"
 #: bodies of otel-train's own log records that the contract names
-LOG_STEP_END = "train.step.end"
+LOG_STEP_END = "training.step.end"
 LOG_START = "otel_train.start"
 LOG_STOP = "otel_train.stop"
-LOG_COMPILE = "otel_train.compile"
+LOG_COMPILE = "training.compile"
+#: warnings about the training's compilation: a frame hit dynamo's recompile limit and fell
+#: back to eager; this rank compiled other graphs than the reference rank
+LOG_COMPILE_RECOMPILE_LIMIT = "training.compile.recompile_limit"
+LOG_COMPILE_INCONSISTENT = "training.compile.inconsistent"
 #: values of collective.op (bounded: metric attribute)
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
                   "barrier", "all_to_all", "send", "recv", "gather", "scatter", "other")
 
-ATTR_COMPILE_REASON = "compile.reason"
-ATTR_COMPILE_GRAPH_BREAKS = "compile.graph_breaks"
+ATTR_COMPILE_REASON = "training.compile.reason"
+ATTR_COMPILE_GRAPH_BREAKS = "training.compile.graph_breaks"
 
-ATTR_SIGNAL = "signal"
+ATTR_SIGNAL = "otel_train.signal"
 
 # --- metrics -----------------------------------------------------------------------------
 METRIC_STEP_DURATION = "training.step.duration"
@@ -158,7 +162,7 @@ METRIC_TOKENS = "training.tokens"
 METRIC_COLLECTIVE_DURATION = "training.collective.duration"
 METRIC_COLLECTIVE_SIZE = "training.collective.size"
 METRIC_COMM_OVERLAP = "training.comm.overlap"
-METRIC_MEMORY_ALLOCATED_PEAK = "training.memory.allocated.peak"
+METRIC_MEMORY_ALLOCATED_PEAK = "training.memory.peak.allocated"
 METRIC_MEMORY_RESERVED = "training.memory.reserved"
 METRIC_COMPILE_DURATION = "training.compile.duration"
 METRIC_COMPILE_GRAPH_BREAKS = "training.compile.graph_breaks"
@@ -224,7 +228,7 @@ GOODPUT_BUCKETS = (GOODPUT_PRODUCTIVE, GOODPUT_STARTUP, GOODPUT_COMPILE, GOODPUT
 METRIC_TELEMETRY_DROPPED = "otel_train.telemetry.dropped"
 #: exceptions otel-train caught on its hook paths so that training goes on (by component)
 METRIC_INTERNAL_ERRORS = "otel_train.internal.errors"
-ATTR_COMPONENT = "component"
+ATTR_COMPONENT = "otel_train.component"
 
 #: values of the ``signal`` attribute of the dropped counter
 SIGNAL_SPANS = "spans"
@@ -283,32 +287,32 @@ METRICS_GLOB = "metrics*.jsonl"
 LOGS_GLOB = "logs*.jsonl"
 
 # --- compile telemetry (sources/compile/__init__.py) ----------------------------------------------
-ATTR_COMPILE_ID = "compile.id"
+ATTR_COMPILE_ID = "training.compile.id"
 #: "co_name (file:line)" of the compiled frame
-ATTR_COMPILE_FRAME = "compile.frame"
+ATTR_COMPILE_FRAME = "training.compile.frame"
 #: what started the compilation: dynamo, lazy_backward, cudagraph_recording, untracked
-ATTR_COMPILE_TRIGGER = "compile.trigger"
+ATTR_COMPILE_TRIGGER = "training.compile.trigger"
 #: the recompile's first guard failure, verbatim (``compile.reason`` is its category)
-ATTR_COMPILE_GUARD_FAILURE = "compile.guard_failure"
-ATTR_COMPILE_GRAPH_BREAK_REASONS = "compile.graph_break_reasons"
+ATTR_COMPILE_GUARD_FAILURE = "training.compile.guard_failure"
+ATTR_COMPILE_GRAPH_BREAK_REASONS = "training.compile.graph_break_reasons"
 #: graphs this compilation handed to the backend
-ATTR_COMPILE_GRAPHS = "compile.graphs"
-ATTR_COMPILE_GRAPH_OPS = "compile.graph_ops"
-ATTR_COMPILE_GUARDS = "compile.guards"
+ATTR_COMPILE_GRAPHS = "training.compile.graphs"
+ATTR_COMPILE_GRAPH_OPS = "training.compile.graph_ops"
+ATTR_COMPILE_GUARDS = "training.compile.guards"
 #: seconds, per stage: compile.time.dynamo_s (whole frame), .aot_autograd_s, .inductor_s,
 #: .autotune_s, .backward_s
-ATTR_COMPILE_TIME_PREFIX = "compile.time."
+ATTR_COMPILE_TIME_PREFIX = "training.compile.time."
 #: compile.cache.fx_graph.hits / .misses, compile.cache.aot_autograd.hits / .misses
-ATTR_COMPILE_CACHE_PREFIX = "compile.cache."
-ATTR_COMPILE_CUDAGRAPH_SKIP_REASON = "compile.cudagraph_skip_reason"
-ATTR_COMPILE_FAIL_TYPE = "compile.fail_type"
-ATTR_COMPILE_FAIL_REASON = "compile.fail_reason"
-ATTR_COMPILE_RECOMPILE_LIMIT_HIT = "compile.recompile_limit_hit"
-ATTR_COMPILE_RECOMPILE_LIMIT = "compile.recompile_limit"
+ATTR_COMPILE_CACHE_PREFIX = "training.compile.cache."
+ATTR_COMPILE_CUDAGRAPH_SKIP_REASON = "training.compile.cudagraph_skip_reason"
+ATTR_COMPILE_FAIL_TYPE = "training.compile.fail_type"
+ATTR_COMPILE_FAIL_REASON = "training.compile.fail_reason"
+ATTR_COMPILE_RECOMPILE_LIMIT_HIT = "training.compile.recompile_limit_hit"
+ATTR_COMPILE_RECOMPILE_LIMIT = "training.compile.recompile_limit"
 #: running hash of what this rank compiled (frame, graph ops, guards, shapes), hex
-ATTR_COMPILE_FINGERPRINT = "compile.fingerprint"
+ATTR_COMPILE_FINGERPRINT = "training.compile.fingerprint"
 #: how a rank's compilations differ from the reference rank's: graph, count
-ATTR_COMPILE_INCONSISTENCY = "compile.inconsistency"
+ATTR_COMPILE_INCONSISTENCY = "training.compile.inconsistency"
 
 #: values of compile.reason (bounded): a first compile, or the category of the guard failure
 COMPILE_REASON_FIRST = "first_compile"
@@ -354,7 +358,7 @@ ATTR_HOST_DURATION = "training.host.duration_s"
 METRIC_PHASE_GPU_DURATION = "training.phase.gpu_duration"
 
 METRIC_MEMORY_ALLOCATED = "training.memory.allocated"
-METRIC_MEMORY_RESERVED_PEAK = "training.memory.reserved.peak"
+METRIC_MEMORY_RESERVED_PEAK = "training.memory.peak.reserved"
 #: reserved minus allocated bytes: what the caching allocator holds but does not use
 METRIC_MEMORY_FRAGMENTATION = "training.memory.fragmentation"
 METRIC_MEMORY_ALLOC_RETRIES = "training.memory.alloc_retries"
@@ -366,7 +370,7 @@ ATTR_MEMORY_ALLOC_RETRIES = "training.memory.alloc_retries"
 ATTR_OOM_REQUESTED = "training.oom.requested_bytes"
 ATTR_OOM_DEVICE_FREE = "training.oom.device_free_bytes"
 ATTR_OOM_SUMMARY = "training.oom.allocator_summary"
-LOG_OOM = "train.oom"
+LOG_OOM = "training.oom"
 
 METRIC_THROUGHPUT_SAMPLES = "training.throughput.samples"
 METRIC_THROUGHPUT_TOKENS = "training.throughput.tokens"
@@ -376,21 +380,62 @@ ATTR_MFU = "training.mfu"
 ATTR_SAMPLES_PER_S = "training.samples_per_s"
 ATTR_TOKENS_PER_S = "training.tokens_per_s"
 
-SPAN_PROFILE = "train.profile"
-ATTR_PROFILE_TRACE = "profile.trace_path"
-ATTR_PROFILE_FIRST_STEP = "profile.first_step"
-ATTR_PROFILE_STEPS = "profile.steps"
-ATTR_PROFILE_STOP_S = "profile.stop_s"
+SPAN_PROFILE = "training.profile"
+ATTR_PROFILE_TRACE = "training.profile.trace_path"
+ATTR_PROFILE_FIRST_STEP = "training.profile.first_step"
+ATTR_PROFILE_STEPS = "training.profile.steps"
+ATTR_PROFILE_STOP_S = "training.profile.stop_s"
 #: seconds the background thread took to write the trace file
-ATTR_PROFILE_WRITE_S = "profile.write_s"
+ATTR_PROFILE_WRITE_S = "training.profile.write_s"
 ATTR_COMM_OVERLAP = "training.comm.overlap"
 ATTR_COMM_EXPOSED = "training.comm.exposed_s"
 ATTR_GPU_IDLE = "training.gpu.idle"
-ATTR_TOP_KERNELS = "profile.top_kernels"
+ATTR_TOP_KERNELS = "training.profile.top_kernels"
 #: on training.comm.overlap points: what measured it ("profiler": a profiler window's trace)
 ATTR_OVERLAP_METHOD = "training.overlap.method"
 METRIC_COMM_EXPOSED = "training.comm.exposed"
 METRIC_GPU_IDLE = "training.gpu.idle"
+
+# --- names before 0.3.0 ------------------------------------------------------------------
+#: every name that changed when the contract moved to one scheme (0.3.0): old -> new. Spans
+#: were ``train.*``; the collective, compile and profile attributes had no prefix; the
+#: tool's ``signal`` and ``component`` attributes none either. The readers (``report``,
+#: ``check``, ``compare``) read a run recorded under the old names as if written under the
+#: new ones (otel_train/analysis/legacy.py); CHANGELOG.md gives the same table.
+LEGACY_NAMES: dict[str, str] = {
+    # spans
+    "train.run": SPAN_RUN, "train.setup": SPAN_SETUP, "train.step": SPAN_STEP,
+    "train.rank_step": SPAN_RANK_STEP, "train.data_wait": SPAN_DATA_WAIT,
+    "train.forward": SPAN_FORWARD, "train.backward": SPAN_BACKWARD,
+    "train.optimizer": SPAN_OPTIMIZER, "train.collective": SPAN_COLLECTIVE,
+    "train.compile": SPAN_COMPILE, "train.checkpoint": SPAN_CHECKPOINT,
+    "train.profile": SPAN_PROFILE,
+    # log event names (the records' bodies)
+    "train.step.end": LOG_STEP_END, "train.oom": LOG_OOM, "otel_train.compile": LOG_COMPILE,
+    "otel_train.collective_stalled": LOG_COLLECTIVE_STALLED,
+    "otel_train.compile.recompile_limit": LOG_COMPILE_RECOMPILE_LIMIT,
+    "otel_train.compile.inconsistent": LOG_COMPILE_INCONSISTENT,
+    # attributes (and the span event collective.stalled)
+    **{f"collective.{key}": f"training.collective.{key}" for key in (
+        "op", "backend", "bytes", "group_size", "seq", "dtype", "bus_bandwidth_gbps", "group",
+        "api", "async", "shape", "stalled", "source", "completed", "gpu_duration_s", "count",
+        "total_s", "seq_last")},
+    **{f"compile.{key}": f"training.compile.{key}" for key in (
+        "reason", "graph_breaks", "id", "frame", "trigger", "guard_failure",
+        "graph_break_reasons", "graphs", "graph_ops", "guards", "cudagraph_skip_reason",
+        "fail_type", "fail_reason", "recompile_limit_hit", "recompile_limit", "fingerprint",
+        "inconsistency")},
+    **{f"profile.{key}": f"training.profile.{key}" for key in (
+        "trace_path", "first_step", "steps", "stop_s", "write_s", "top_kernels")},
+    "signal": ATTR_SIGNAL, "component": ATTR_COMPONENT,
+    # metrics
+    "training.memory.allocated.peak": METRIC_MEMORY_ALLOCATED_PEAK,
+    "training.memory.reserved.peak": METRIC_MEMORY_RESERVED_PEAK,
+}
+#: attribute prefixes that changed: old -> new (the compile source's per-stage times and
+#: cache counts, ``compile.time.<stage>``, ``compile.cache.<counter>``)
+LEGACY_PREFIXES: dict[str, str] = {"compile.time.": ATTR_COMPILE_TIME_PREFIX,
+                                   "compile.cache.": ATTR_COMPILE_CACHE_PREFIX}
 
 # --- metric definitions ------------------------------------------------------------------
 #: seconds, from a fast micro-step phase (5 ms) to a stalled collective (60 s: the
@@ -592,3 +637,4 @@ PROM_CPU_THROTTLED = prom(METRIC_CPU_THROTTLED_TIME)  # training_cpu_throttled_t
 PROM_RANK_LABEL = prometheus_label(ATTR_RANK)  # training_rank
 PROM_PHASE_LABEL = prometheus_label(ATTR_PHASE)
 PROM_RUN_LABEL = prometheus_label(ATTR_RUN_ID)
+PROM_SIGNAL_LABEL = prometheus_label(ATTR_SIGNAL)  # otel_train_signal

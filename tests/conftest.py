@@ -16,3 +16,29 @@ def single_rank_group() -> Iterator[None]:
                             world_size=1)
     yield
     dist.destroy_process_group()
+
+
+#: the modules whose tests wait on time or on a background thread (an emitter pass, a
+#: sampler's tick, a server's scrape or evaluation, an exporter process's restart): marked
+#: ``timing``, they run again beside two CPU hogs in CI (scripts/test.sh). Each waits on a
+#: condition with a deadline (tests/support/waits.py), never on a fixed delay or a rate.
+TIMING_MODULES = frozenset({
+    "tests/sdk/test_wakeups.py",
+    "tests/sdk/test_exporter_process.py",
+    "tests/sdk/test_reliability.py",
+    "tests/sdk/test_instrument.py",
+    "tests/sdk/test_source_interface.py",
+    "tests/sdk/test_tracker_core.py",
+    "tests/sdk/test_series_budget.py",
+    "tests/sdk/test_semconv_metrics.py",
+    "tests/check/test_check_prometheus.py",
+    "tests/collectives/test_nccl_plugin.py",
+    "tests/first_hour/test_readme_claims.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = config.rootpath
+    for item in items:
+        if item.path.relative_to(root).as_posix() in TIMING_MODULES:
+            item.add_marker(pytest.mark.timing)

@@ -6,12 +6,12 @@
                                          [--cost-ranks 2,4,8] [--md bench/results/....md]
 
 Per fault, from the run directory and ``otel-train report --json``:
-- every sampled step is one trace holding a ``train.rank_step`` of each of the N ranks;
+- every sampled step is one trace holding a ``training.rank_step`` of each of the N ranks;
 - the fault is named: its step, its rank, its cause (``hang`` and ``cpu``: the untimed stretch
   between forward and backward with the script's line; ``gpu``: the forward's GPU time;
   ``data``: the data wait), and where a waiting rank's host blocked, the collective its GPU
   waited in and the rank it waited for;
-- ``hang``: the waiting ranks log ``otel_train.collective_stalled`` for the hung collective
+- ``hang``: the waiting ranks log ``training.collective.stalled`` for the hung collective
   before the process group's timeout (``OTEL_TRAIN_STALL_TIMEOUT_S=2`` here, the sleep 6 s);
 - the arrivals: collectives matched across ranks, the latest arrival;
 - the share of a step left "not explained", per rank, under 10%.
@@ -85,7 +85,7 @@ def report_of(run_dir: Path) -> dict:
 
 
 def traces_hold_every_rank(run_dir: Path, ranks: int) -> tuple[int, int]:
-    """(sampled steps, of them one trace holding every rank's train.rank_step)."""
+    """(sampled steps, of them one trace holding every rank's training.rank_step)."""
     by_trace: dict[str, set[int]] = {}
     steps_of: dict[str, set[int]] = {}
     for span in iter_spans(signal_files(run_dir, sc.TRACES_GLOB),
@@ -195,7 +195,7 @@ def markdown(results: list[dict], costs: list[dict], env: dict) -> str:
                      f"({r['straggler_signal']}) | {r['arrivals_matched']} | {r['causes']} |")
     hang = next((r for r in results if r["fault"] == "hang"), None)
     if hang is not None:
-        lines += ["", f"Hang: {hang['stall_logs']} `otel_train.collective_stalled` log records "
+        lines += ["", f"Hang: {hang['stall_logs']} `training.collective.stalled` log records "
                   f"(stall timeout 2 s, the rank slept 6 s, the process group's timeout "
                   f"{PG_TIMEOUT_S:.0f} s); first: `{hang['stall_example']}`.",
                   f"Worst arrival: `{hang['worst_arrival']}`."]

@@ -343,7 +343,7 @@ def _traces_and_logs(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.data_table(
             "Slowest sampled steps (Tempo)",
-            f"train.step root spans of the run, slowest first: the {SLOWEST_LIMIT} traces "
+            f"training.step root spans of the run, slowest first: the {SLOWEST_LIMIT} traces "
             "Tempo's search returns, sorted by duration (TraceQL has no order by: a sortBy "
             "transformation and the table's sort do it). A trace id opens the step's trace: "
             "every rank's rank_step, phases and collectives.",

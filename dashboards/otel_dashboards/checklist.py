@@ -77,7 +77,7 @@ def _item_traces(board: dash.Dashboard) -> None:
     board.with_panel(
         _zero_results(
             "Sampled steps missing a rank's span",
-            "Traces of the run whose train.rank_step spans number fewer than the ranks "
+            "Traces of the run whose training.rank_step spans number fewer than the ranks "
             "reporting steps: a rank whose step did not join the shared trace.",
             kit.traceql(
                 f'{{ name = "{names.SPAN_RANK_STEP}" && {RUN_SPANS} }} | count() < $world_size',
@@ -90,7 +90,7 @@ def _item_traces(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.data_table(
             "Evidence: sampled steps of the run (Tempo)",
-            "train.step roots; each trace holds one train.rank_step per rank.",
+            "training.step roots; each trace holds one training.rank_step per rank.",
             [kit.traceql(f'{{ name = "{names.SPAN_STEP}" && {RUN_SPANS} }}', limit=20)],
             datasource=kit.TEMPO,
             width=10,
@@ -216,7 +216,7 @@ def _item_launcher(board: dash.Dashboard) -> None:
     board.with_panel(
         _zero_results(
             "Rank run spans without the launcher's parent",
-            "train.run spans of the run that are the root of their trace: the rank did not "
+            "training.run spans of the run that are the root of their trace: the rank did not "
             "receive the launcher's TRACEPARENT (a run started without a launcher span fails here).",
             kit.traceql(
                 f'{{ name = "{names.SPAN_RUN}" && {RUN_SPANS} && trace:rootName = "{names.SPAN_RUN}" }}',
@@ -230,7 +230,7 @@ def _item_launcher(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.data_table(
             "Evidence: rank run spans and their parents (Tempo)",
-            "train.run spans with a parent: one per rank, under the launcher's span.",
+            "training.run spans with a parent: one per rank, under the launcher's span.",
             [kit.traceql(f'{{ }} > {{ name = "{names.SPAN_RUN}" && {RUN_SPANS} }}', limit=50)],
             datasource=kit.TEMPO,
             width=12,
@@ -244,7 +244,7 @@ def _item_sampling(board: dash.Dashboard) -> None:
     board.with_panel(
         _zero_results(
             "Sampled steps whose span count differs from the world size",
-            "Traces of the run where the number of train.rank_step spans is not $world_size: "
+            "Traces of the run where the number of training.rank_step spans is not $world_size: "
             "ranks sampled the step differently (or the tail sampler split it).",
             kit.traceql(
                 f'{{ name = "{names.SPAN_RANK_STEP}" && {RUN_SPANS} }} | count() != $world_size',

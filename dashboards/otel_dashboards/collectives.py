@@ -116,7 +116,7 @@ def _sizes_and_bandwidth(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.series(
             "Message size per span: p10, p50, p90 by op (Tempo)",
-            "TraceQL metrics over every train.collective span's collective.bytes: the real "
+            "TraceQL metrics over every training.collective span's training.collective.bytes: the real "
             "per-message distribution. Small messages (KiB) are a sharding-granularity smell.",
             [
                 kit.traceql_metrics(
@@ -181,7 +181,7 @@ def _sizes_and_bandwidth(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.series(
             "Bus bandwidth per span: p10 and p50 by op (Tempo)",
-            "collective.bus_bandwidth_gbps of every train.collective span (nccl-tests busbw "
+            "training.collective.bus_bandwidth_gbps of every training.collective span (nccl-tests busbw "
             "convention), to hold against the link peak.",
             [
                 kit.traceql_metrics(
@@ -221,7 +221,7 @@ def _stalls(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.data_table(
             "Stalled collectives (Tempo): slower than $stall_threshold",
-            "train.collective spans over the threshold; the trace shows which rank arrived late.",
+            "training.collective spans over the threshold; the trace shows which rank arrived late.",
             [
                 kit.traceql(
                     f"{{ {SPAN_FILTER} && duration > $stall_threshold }}"

@@ -10,7 +10,7 @@ UID = "otel-train-compile"
 
 REASON_LEGEND = "{{" + names.REASON + "}}"
 RANK_LEGEND = "rank {{" + names.RANK + "}}"
-#: compile.reason values that mean dynamo hit its recompile limit and fell back to eager
+#: training.compile.reason values that mean dynamo hit its recompile limit and fell back to eager
 RECOMPILE_LIMIT_REASONS = ".*limit.*"
 LIMIT_SEL = kit.sel(f'{names.REASON}=~"{RECOMPILE_LIMIT_REASONS}"')
 
@@ -22,7 +22,7 @@ def _compile_time(board: dash.Dashboard) -> None:
         kit.bucket_heatmap(
             "Compile time distribution",
             "Bucket increases of training_compile_duration_seconds; exemplars open the "
-            "train.compile span (with compile.reason).",
+            "training.compile span (with training.compile.reason).",
             kit.prom(
                 kit.bucket_increase(names.COMPILE, s),
                 "{{le}}",
@@ -81,7 +81,7 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.series(
             "Graph breaks by reason",
-            "New graph breaks per interval by compile_reason, summed over selected ranks.",
+            "New graph breaks per interval by training_compile_reason, summed over selected ranks.",
             [
                 kit.prom(
                     f"sum by ({names.REASON}) ({kit.rate(names.GRAPH_BREAKS, s, fn='increase')})",
@@ -145,11 +145,11 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.data_table(
             "Recent compiles (Tempo)",
-            "train.compile spans of the run with their reason and graph breaks.",
+            "training.compile spans of the run with their reason and graph breaks.",
             [
                 kit.traceql(
                     f'{{ name = "{names.SPAN_COMPILE}" && span.{names.ATTR_RUN_ID} = "$run_id" }}'
-                    f" | select(span.{names.ATTR_COMPILE_REASON}, span.compile.graph_breaks, span.{names.ATTR_RANK})"
+                    f" | select(span.{names.ATTR_COMPILE_REASON}, span.{names.ATTR_COMPILE_GRAPH_BREAKS}, span.{names.ATTR_RANK})"
                 )
             ],
             datasource=kit.TEMPO,

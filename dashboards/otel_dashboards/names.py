@@ -27,7 +27,7 @@ PHASE = semconv.PROM_PHASE_LABEL  # training_phase
 OP = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_OP)  # collective_op
 BACKEND = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_BACKEND)  # collective_backend
 REASON = semconv.prometheus_label(semconv.ATTR_COMPILE_REASON)  # compile_reason
-SIGNAL = semconv.prometheus_label(semconv.ATTR_SIGNAL)  # signal
+SIGNAL = semconv.prometheus_label(semconv.ATTR_SIGNAL)  # otel_train_signal
 
 _prom = semconv.prom
 STEP = _prom(semconv.METRIC_STEP_DURATION)  # training_step_duration_seconds, histogram
@@ -37,7 +37,7 @@ TOKENS = _prom(semconv.METRIC_TOKENS)
 COLLECTIVE = _prom(semconv.METRIC_COLLECTIVE_DURATION)  # histogram
 COLLECTIVE_BYTES = _prom(semconv.METRIC_COLLECTIVE_SIZE)  # training_collective_size_bytes_total
 COMM_OVERLAP = _prom(semconv.METRIC_COMM_OVERLAP)  # training_comm_overlap_ratio
-MEMORY_PEAK = _prom(semconv.METRIC_MEMORY_ALLOCATED_PEAK)  # training_memory_allocated_peak_bytes
+MEMORY_PEAK = _prom(semconv.METRIC_MEMORY_ALLOCATED_PEAK)  # training_memory_peak_allocated_bytes
 MEMORY_RESERVED = _prom(semconv.METRIC_MEMORY_RESERVED)
 COMPILE = _prom(semconv.METRIC_COMPILE_DURATION)  # histogram
 GRAPH_BREAKS = _prom(semconv.METRIC_COMPILE_GRAPH_BREAKS)
@@ -117,6 +117,7 @@ ATTR_COLLECTIVE_OP = semconv.ATTR_COLLECTIVE_OP
 ATTR_COLLECTIVE_BYTES = semconv.ATTR_COLLECTIVE_BYTES
 ATTR_COLLECTIVE_BUS_BW = semconv.ATTR_COLLECTIVE_BUS_BW
 ATTR_COMPILE_REASON = semconv.ATTR_COMPILE_REASON
+ATTR_COMPILE_GRAPH_BREAKS = semconv.ATTR_COMPILE_GRAPH_BREAKS
 #: log fields as Loki's OTLP ingestion stores them (structured metadata: the record's
 #: trace and span ids, and its attributes with dots as underscores)
 LOG_TRACE_ID = semconv.LOG_TRACE_ID

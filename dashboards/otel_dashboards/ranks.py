@@ -211,7 +211,7 @@ def _starved_or_throttled(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.series(
             "Per-rank peak allocated memory",
-            "training_memory_allocated_peak_bytes per rank.",
+            "training_memory_peak_allocated_bytes per rank.",
             [kit.prom(f"max by ({names.RANK}) ({kit.gauge(names.MEMORY_PEAK, s)})", RANK_LEGEND)],
             unit="bytes",
         )

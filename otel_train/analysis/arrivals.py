@@ -3,7 +3,7 @@ process group and sequence number, and the ranks' arrival times compared.
 
 In synchronous training every rank leaves a collective at about the same time, so what the
 early ranks wait inside it is the late rank's lateness. The collective-wait signal
-(steps.py) infers the late rank from that wait; this sees it: a ``train.collective`` span
+(steps.py) infers the late rank from that wait; this sees it: a ``training.collective`` span
 starts when its rank issued the collective on the host (the Python wrapper or process-group
 hook on gloo, the NCCL flight recorder's ``time_created``, the NCCL plugin's kernel launch),
 so the rank whose span of a (group, seq) starts last arrived last, ``lag`` after the latest
@@ -64,7 +64,7 @@ class ArrivalRows:
 
     def add(self, attrs: RawAttributes, resource: dict[str, Any], op: str,
             start_ns: int, end_ns: int = 0) -> None:
-        """One ``train.collective`` span (``attrs`` hold at least ``ARRIVAL_ATTRIBUTES``)."""
+        """One ``training.collective`` span (``attrs`` hold at least ``ARRIVAL_ATTRIBUTES``)."""
         count = attribute(attrs, sc.ATTR_COLLECTIVE_COUNT)
         if count is not None:
             self.summarised += int(count)

@@ -1,17 +1,30 @@
 """Where the step time went: per-rank breakdowns, the straggler, the slowest steps' causes
-and the breakdown over time, all computed from the step table of pass one."""
+and the breakdown over time, all computed from the step table of pass one. The causes of a
+slow step are the ``causes`` package's, one module each, asked in its registry's order."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass
 from statistics import median
 
 from otel_train import semconv as sc
+from otel_train.analysis import causes
+from otel_train.analysis.causes.case import (
+    DEVICE_WAIT,
+    MIN_EXPLAINING_S,
+    Blame,
+    CollectiveSeconds,
+    Evidence,
+    LateOfStep,
+    PhaseStarts,
+)
+from otel_train.analysis.causes.waited_in_collectives import (  # noqa: F401  (tests name it)
+    waited_in_collectives as _waited_in_collectives,
+)
 from otel_train.analysis.device_waits import GpuIntervals
-from otel_train.analysis.report_model import DeviceWait, RankBreakdown, SlowStep, TimeBin
-from otel_train.analysis.traces import NOT_EXPLAINED, UNTIMED, StepTable
+from otel_train.analysis.report_model import RankBreakdown, SlowStep, TimeBin
+from otel_train.analysis.traces import NOT_EXPLAINED, StepTable
 
 #: a rank this much busier than the median rank is called a straggler
 STRAGGLER_RATIO = 1.05
@@ -20,18 +33,6 @@ STRAGGLER_RATIO = 1.05
 STRAGGLER_WAIT_SHARE = 0.05
 SIGNAL_COLLECTIVE_WAIT = "collective_wait"
 SIGNAL_BUSY_TIME = "busy_time"
-#: waiting for other ranks is a symptom, never the cause of a slow step; so is a host
-#: blocked on its device, which is followed to what the device waited for
-NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM, sc.PHASE_DEVICE_WAIT})
-DEVICE_WAIT = sc.PHASE_DEVICE_WAIT
-#: a rank's CPU throttling explains a slow step when it is at least this share of the step's
-#: time above the typical step (and at least ``MIN_EXPLAINING_S``)
-THROTTLED_SHARE_OF_EXCESS = 0.25
-#: below this, a phase above typical or a throttled time explains nothing (clock noise)
-MIN_EXPLAINING_S = 0.001
-#: a slow step is explained when its blamed phase is at least this share of the step's time
-#: above the typical step (else the phases do not hold where the time went)
-EXPLAINED_SHARE_OF_EXCESS = 0.25
 SIGNAL_CPU_THROTTLED = "cpu_throttled"
 #: a step is listed among the slowest only when it took at least this share of the typical
 #: (median steady) step longer than it, and ``MIN_EXPLAINING_S``: below that it is jitter,
@@ -99,7 +100,7 @@ def rank_breakdowns(table: StepTable, by_rank: dict[int, list[int]]) -> list[Ran
 
 
 def step_durations(table: StepTable, step_spans: dict[int, tuple[str, float]]) -> dict[int, float]:
-    """A step's duration: its ``train.step`` span, else its slowest rank's step."""
+    """A step's duration: its ``training.step`` span, else its slowest rank's step."""
     durations: dict[int, float] = {}
     for step, seconds in zip(table.steps, table.durations, strict=True):
         durations[step] = max(durations.get(step, 0.0), seconds)
@@ -162,11 +163,6 @@ def steady_throughput(table: StepTable, by_rank: dict[int, list[int]],
     return out, source
 
 
-PhaseStarts = Callable[[int, str], dict[int, int]]
-CollectiveSeconds = Callable[[int], dict[int, float]]
-LateOfStep = Callable[[int], tuple[int, float] | None]
-
-
 def slow_steps(table: StepTable, durations: dict[int, float], top: int,
                phase_starts: PhaseStarts | None = None,
                collective_s: CollectiveSeconds | None = None,
@@ -175,11 +171,12 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
                collectives: GpuIntervals | None = None,
                candidates: set[int] | None = None) -> list[SlowStep]:
     """The ``top`` slowest steps (of ``candidates``, where given: the others still set the
-    typical step), each blamed on the (rank, phase) furthest above typical.
+    typical step), each blamed on the (rank, phase) furthest above typical, or what the first
+    cause of the registry that claims it names (``causes.CAUSES``, in the order below).
 
     A host blocked on its device (``device_wait``: on NCCL, where a rank waiting for a late
     peer finds out at its next blocking call, often in the next step) is never the cause:
-    where it is the step's largest excess, it is followed (:func:`_follow_device`) to the
+    where it is the step's largest excess, it is followed (``causes/device_wait.py``) to the
     collective the device waited in (``collectives``), the step that issued it and the rank
     it waited for, which is blamed for what it did in that step; the blocked rank and the
     line where its host waited go with it (``SlowStep.device_wait``). Steps that several
@@ -209,7 +206,8 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
     out, untimed time with nothing sampled) the step says so (``SlowStep.unexplained``)
     instead of naming a phase by default.
     """
-    blame = _Blame(table, durations, world_ranks, collectives)
+    blame = Blame(table, durations, world_ranks, collectives)
+    evidence = Evidence(phase_starts, collective_s, late_of_step)
     out: list[SlowStep] = []
     listed: set[int] = set()
     for step in sorted(durations, key=lambda s: durations[s], reverse=True):
@@ -217,250 +215,11 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
             break
         if candidates is not None and step not in candidates:
             continue
-        slow = blame.followed(step)
-        if slow is None:
-            slow = blame.step(step, phase_starts, collective_s, late_of_step)
+        slow = causes.explain(blame, step, evidence)  # the registry's first claim
         if slow.step not in listed:
             listed.add(slow.step)
             out.append(slow)
     return out
-
-
-class _Blame:
-    """The columns and typical values the blame of every slow step compares against."""
-
-    def __init__(self, table: StepTable, durations: dict[int, float],
-                 world_ranks: set[int] | None, collectives: GpuIntervals | None) -> None:
-        self.table, self.durations, self.collectives = table.pad(), durations, collectives
-        self.world_ranks = world_ranks
-        self.rows: dict[int, list[int]] = defaultdict(list)
-        for index, step in enumerate(table.steps):
-            self.rows[step].append(index)
-        blocked = table.untimed_parts[DEVICE_WAIT]
-        #: what the blame compares: the phases, untimed time less its blocked part (the
-        #: host's own), and the blocked part on its own
-        self.cols = {**table.phases, DEVICE_WAIT: blocked}
-        if any(blocked):
-            self.cols[UNTIMED] = [max(u - b, 0.0) for u, b in zip(table.phases[UNTIMED], blocked)]
-        self.typical = {p: median(col) if col else 0.0 for p, col in self.cols.items()}
-        self.gpu_typical = {p: median(col) if col else 0.0
-                            for p, col in table.gpu_phases.items()}
-        self.typical_step = median(durations.values()) if durations else 0.0
-
-    def step(self, step: int, phase_starts: PhaseStarts | None,
-             collective_s: CollectiveSeconds | None, late_of_step: LateOfStep | None
-             ) -> SlowStep:
-        """The step blamed as on gloo: its largest excess, redirected to a late rank."""
-        table, rows = self.table, self.rows.get(step, [])
-        excess, index, phase = self.worst(rows)
-        late = _arrived_late(excess, late_of_step(step)
-                             if late_of_step is not None and index is not None else None)
-        if late is None:  # no arrival evidence either way
-            late = _waited_for(table, index, phase, excess, phase_starts(step, phase)
-                               if phase_starts and index is not None else {})
-            if late is None and collective_s is not None and index is not None:
-                late = _waited_in_collectives(table.ranks[index], excess, collective_s(step))
-        if late is not None and index is not None and late != table.ranks[index]:
-            late_rows = [i for i in rows if table.ranks[i] == late]
-            if late_rows:  # else the late rank's step was not exported: the blame stands
-                excess, index, phase = self.worst(late_rows, skip=phase)
-        throttled = _throttled_row(table, rows, self.durations[step] - self.typical_step)
-        if throttled is not None and throttled != index:
-            excess, index, phase = self.worst([throttled])
-        return self.explained(step, self.durations[step], index, phase, excess,
-                              throttled is not None)
-
-    def followed(self, step: int) -> SlowStep | None:
-        """The step's blame where its largest excess is a host blocked on its device:
-        followed to what the device waited for (None where it is not)."""
-        rows = self.rows.get(step, [])
-        excess, index, phase = self.worst(rows, device=True)
-        if index is None or phase != DEVICE_WAIT or excess < MIN_EXPLAINING_S:
-            return None
-        wait = self.device_wait(index)
-        target, own_phase = step, None
-        if wait.waited_for is not None and wait.late_on != "own":
-            target = wait.collective_step if wait.collective_step is not None else step
-            late_rows = [i for i in self.rows.get(target, [])
-                         if self.table.ranks[i] == wait.waited_for]
-            found = self.worst_own(late_rows)
-        elif wait.op is None:  # no collective holds it: the device ran this rank's own work
-            own_rows = [i for s in (step, step - 1) for i in self.rows.get(s, [])
-                        if self.table.ranks[i] == wait.rank]
-            found = self.worst_own(own_rows, gpu_only=True)
-            if found is not None and found[0] >= EXPLAINED_SHARE_OF_EXCESS * excess:
-                wait.waited_for, wait.late_on = wait.rank, "own"
-            else:
-                found = None
-        else:  # a collective with no rank late to it: it was slow itself
-            target = wait.collective_step if wait.collective_step is not None else step
-            found = None
-        if found is None:
-            duration = max(self.durations.get(target, self.durations[step]), wait.seconds)
-            slow = SlowStep(target, duration, wait.rank, DEVICE_WAIT, wait.seconds,
-                            wait.seconds / duration if duration else 0.0, device_wait=wait)
-            if wait.op is None:
-                slow.unexplained = ("no collective or GPU-timed phase of this rank holds "
-                                    "what its GPU was doing")
-            return slow
-        own_excess, own_index, own_phase, on_gpu = found
-        target = self.table.steps[own_index]  # its own work may be of the step before
-        # the step's time as its ranks lived it: a GPU-side cause's host step is short, the
-        # wait it caused on the hosts is not
-        duration = max(self.durations.get(target, 0.0), self.table.durations[own_index],
-                       wait.seconds)
-        slow = self.explained(target, duration, own_index, own_phase, own_excess, False,
-                              on_gpu=on_gpu)
-        slow.device_wait = wait
-        return slow
-
-    def device_wait(self, index: int) -> DeviceWait:
-        """The blocked time of a row, and the collective and rank its device waited for."""
-        table = self.table
-        rank, step = table.ranks[index], table.steps[index]
-        seconds = table.untimed_parts[DEVICE_WAIT][index]
-        gaps = [g for g in table.gaps.get(index, ()) if g.kind == sc.EVENT_GAP]
-        gap = max(gaps, key=lambda g: g.device_wait_s) if gaps else None
-        wait = DeviceWait(rank, step, seconds)
-        if gap is None or gap.device_wait_s <= 0:
-            return wait
-        wait.segment, wait.location = gap.segment, gap.location
-        if self.collectives is None:
-            return wait
-        held = self.collectives.holding(rank, gap.start_ns,
-                                        gap.start_ns + int(gap.device_wait_s * 1e9))
-        if held is None:
-            return wait
-        row, overlap_s = held
-        (wait.op, wait.seq, wait.collective_step, wait.collective_gpu_s,
-         wait.collective_typical_s) = self.collectives.describe(row)
-        late = self.collectives.waited_for(row, overlap_s)
-        if late is not None:
-            wait.waited_for, wait.late_on = late
-        return wait
-
-    def worst(self, rows: list[int], skip: str | None = None,
-              device: bool = False) -> tuple[float, int | None, str]:
-        """(excess, row, phase) of the largest phase excess over typical among ``rows``;
-        the blocked time counts only with ``device``."""
-        best: tuple[float, int | None, str] = (float("-inf"), None, sc.PHASE_DATA_WAIT)
-        for index in rows:
-            for phase, col in self.cols.items():
-                if phase == skip or (phase in NOT_A_CAUSE
-                                     and not (device and phase == DEVICE_WAIT)):
-                    continue
-                excess = col[index] - self.typical[phase]
-                if excess > best[0]:
-                    best = (excess, index, phase)
-        return best
-
-    def worst_own(self, rows: list[int], gpu_only: bool = False
-                  ) -> tuple[float, int, str, bool] | None:
-        """(excess, row, phase, on the GPU) of what the rank did itself: its host phases'
-        excess (unless ``gpu_only``) or its phases' GPU time above typical."""
-        best: tuple[float, int, str, bool] | None = None
-        for index in rows:
-            candidates = [] if gpu_only else [
-                (col[index] - self.typical[p], p, False) for p, col in self.cols.items()
-                if p not in NOT_A_CAUSE]
-            candidates += [(col[index] - self.gpu_typical[p], p, True)
-                           for p, col in self.table.gpu_phases.items() if col[index] > 0]
-            for excess, phase, on_gpu in candidates:
-                if best is None or excess > best[0]:
-                    best = (excess, index, phase, on_gpu)
-        return best
-
-    def explained(self, step: int, duration: float, index: int | None, phase: str,
-                  excess: float, throttled: bool, on_gpu: bool = False) -> SlowStep:
-        table = self.table
-        if index is None:
-            slow = SlowStep(step, duration, -1, phase, 0.0, 0.0)
-        else:
-            col = table.gpu_phases[phase] if on_gpu else self.cols[phase]
-            seconds = col[index]
-            slow = SlowStep(step, duration, table.ranks[index], phase, seconds,
-                            seconds / duration if duration else 0.0, on_gpu=on_gpu)
-        seen = {table.ranks[i] for i in self.rows.get(step, [])}
-        _explain(slow, table, index, excess, duration - self.typical_step,
-                 sorted((self.world_ranks or seen) - seen), throttled)
-        return slow
-
-
-def _throttled_row(table: StepTable, rows: list[int], excess_s: float) -> int | None:
-    """The row of the step's most throttled rank, if its throttling explains the step."""
-    if not rows:
-        return None
-    row = max(rows, key=lambda i: table.throttled[i])
-    seconds = table.throttled[row]
-    if seconds >= MIN_EXPLAINING_S and seconds >= THROTTLED_SHARE_OF_EXCESS * max(excess_s, 0.0):
-        return row
-    return None
-
-
-def _explain(slow: SlowStep, table: StepTable, index: int | None, excess: float,
-             step_excess: float, missing: list[int], throttled: bool) -> None:
-    """What the telemetry says about the blamed rank's time, or why it cannot say."""
-    if index is not None and throttled:
-        slow.throttled_s = table.throttled[index]
-    slow.missing = missing
-    if missing:
-        named = ", ".join(map(str, missing))
-        seen = (f" (of the ranks seen, rank {slow.rank} {slow.phase.replace('_', ' ')} "
-                f"{slow.phase_s:.3g} s)" if index is not None else "")
-        slow.unexplained = f"no telemetry from rank {named} for this step{seen}"
-        return
-    if throttled:
-        return
-    if step_excess < MIN_EXPLAINING_S:  # no longer than the typical step: nothing to explain
-        if index is None:
-            slow.unexplained = "no rank's step of it was recorded"
-        return
-    if index is None or excess < max(MIN_EXPLAINING_S, EXPLAINED_SHARE_OF_EXCESS * step_excess):
-        slow.unexplained = (f"its phases hold {max(excess, 0.0):.3g} s of the "
-                            f"{max(step_excess, 0.0):.3g} s it took over the typical step")
-        return
-    kind = {UNTIMED: sc.EVENT_GAP, sc.PHASE_DATA_WAIT: sc.EVENT_DATA_WAIT}.get(slow.phase)
-    if kind is None or slow.on_gpu:
-        return
-    gaps = [g for g in table.gaps.get(index, ()) if g.kind == kind]
-    if not gaps:
-        if slow.phase == UNTIMED:
-            slow.unexplained = ("untimed time with no stretch of it recorded (gap sampling "
-                                "off, or many stretches under 10 ms)")
-        return
-    gap = max(gaps, key=lambda g: g.host_s)  # the host's own time, not its blocked time
-    slow.location, slow.worker = gap.location, gap.worker
-    if slow.phase == UNTIMED:
-        slow.segment = gap.segment
-        if gap.location is None:
-            slow.unexplained = ("nothing was sampled there" if not gap.samples else
-                                f"{gap.samples} samples there, none in user code")
-
-
-def _arrived_late(excess: float, late: tuple[int, float] | None) -> int | None:
-    """The rank that arrived at the step's collectives late enough to explain at least half
-    the blamed excess (maybe the blamed rank itself), else None."""
-    if late is None or excess <= 0:
-        return None
-    rank, lag_s = late
-    return rank if lag_s >= 0.5 * excess else None
-
-
-def _waited_for(table: StepTable, index: int | None, phase: str, excess: float,
-                starts: dict[int, int]) -> int | None:
-    if index is None or len(starts) < 2 or table.ranks[index] not in starts:
-        return None
-    rank = table.ranks[index]
-    late = max(starts, key=lambda r: starts[r])
-    lag_s = (starts[late] - starts[rank]) / 1e9
-    return late if late != rank and lag_s >= 0.5 * excess else None
-
-
-def _waited_in_collectives(rank: int, excess: float, seconds: dict[int, float]) -> int | None:
-    if len(seconds) < 2 or rank not in seconds or excess <= 0:
-        return None
-    least = min(seconds, key=lambda r: seconds[r])
-    return least if least != rank and seconds[rank] - seconds[least] >= 0.5 * excess else None
 
 
 def busy_s(table: StepTable, index: int) -> float:

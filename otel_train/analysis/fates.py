@@ -1,9 +1,9 @@
 """How each rank's run ended: finished, crashed (and in which step, with what), vanished
 (killed: its run span never came), or stopped after another rank failed.
 
-A rank that raises ends its ``train.run`` span with status error and the exception's type and
+A rank that raises ends its ``training.run`` span with status error and the exception's type and
 (scrubbed) message; one killed outright (SIGKILL, the kernel's OOM killer) ends nothing, and
-only its last ``train.rank_step`` says when it was last seen; its peers then fail in their
+only its last ``training.rank_step`` says when it was last seen; its peers then fail in their
 next collective (gloo's connection closed) or are stopped by the launcher (torchrun's
 SIGTERM: status ``preempted``). The first rank to fail is the one to name; what happened to
 the others after it is its consequence, said as such.
@@ -21,8 +21,8 @@ def rank_fates(world: int, runs: dict[int, tuple[str, str, int, int]],
                last_steps: dict[int, tuple[int, int]]) -> list[RankFate]:
     """The ranks whose run did not end well, first failure first.
 
-    ``runs``: rank -> (status, status message, steps, end ns) of its ``train.run`` span;
-    ``last_steps``: rank -> (step, end ns) of its last ``train.rank_step``."""
+    ``runs``: rank -> (status, status message, steps, end ns) of its ``training.run`` span;
+    ``last_steps``: rank -> (step, end ns) of its last ``training.rank_step``."""
     failures: list[tuple[int, RankFate]] = []
     for rank in sorted(set(range(world)) | set(runs) | set(last_steps)):
         step, seen_ns = last_steps.get(rank, (-1, 0))

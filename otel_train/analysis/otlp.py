@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from otel_train import semconv
+from otel_train.analysis import legacy
 from otel_train.analysis.parallel import start_chunks
 
 T = TypeVar("T")
@@ -263,6 +264,7 @@ def _lines(path: Path, decode: Callable[[dict[str, Any]], list[T]], damage: Dama
 def _line_items(line: bytes, number: int, decode: Callable[[dict[str, Any]], list[T]],
                 found: FileDamage) -> list[T]:
     """The items of line ``number``; its damage, if any, counted in ``found``."""
+    line = legacy.upgrade(line)  # a run recorded under the names before 0.2.0
     try:  # bytes: json decodes them as UTF-8, so invalid bytes damage this line only
         request = json.loads(line)
     except ValueError:
@@ -606,6 +608,9 @@ class LogRecord:
     span_id: str
     attributes: dict[str, Any]
     resource: dict[str, Any]
+    #: OpenTelemetry's EventName: otel-train's own records name their event there and in
+    #: the body (runs before 0.3.0: the body only)
+    event_name: str = ""
 
 
 def iter_log_records(paths: Iterable[Path], run_id: str | None = None,
@@ -632,6 +637,7 @@ def _log_record(raw: dict[str, Any], resource: dict[str, Any]) -> LogRecord:
         span_id=_text(raw.get("spanId", "") or ""),
         attributes=decode_attributes(raw.get("attributes")),
         resource=resource,
+        event_name=_text(raw.get("eventName", "") or ""),
     )
 
 

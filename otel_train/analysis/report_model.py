@@ -101,7 +101,7 @@ class Arrivals:
     #: one (group, seq) with different ops or steps across ranks, or a rank twice: the
     #: sequence numbers did not line up (ranks instrumented differently), not compared
     mismatched: int = 0
-    #: collectives inside summary spans (``collective.count``): one span stands for several,
+    #: collectives inside summary spans (``training.collective.count``): one span stands for several,
     #: so their arrivals are not known
     summarised: int = 0
     #: sampled steps with at least one matched collective
@@ -115,7 +115,7 @@ class Arrivals:
     #: the latest arrival at one collective in the run
     worst: LateArrival | None = None
     ranks: list[RankLateness] = field(default_factory=list)
-    #: the ``collective.source`` of the matched spans (what their start times are)
+    #: the ``training.collective.source`` of the matched spans (what their start times are)
     sources: list[str] = field(default_factory=list)
 
 
@@ -338,7 +338,7 @@ class RankResources:
 #: started or ended at other moments than the first and the last)
 GOODPUT_AFTER_LAST_STEP = "after_last_step"
 GOODPUT_OTHER = "other"
-#: that rest where a rank was restarted under the same run id (several train.run spans): the
+#: that rest where a rank was restarted under the same run id (several training.run spans): the
 #: time between one attempt's last step and the next one's start, mostly
 GOODPUT_RESTART = "restart"
 

@@ -1,7 +1,7 @@
 """Pass one over the traces: the per-rank step table and the collective and compile tallies.
 
-Only ``train.rank_step`` (its phase totals are attributes), ``train.step``, ``train.run``,
-``train.collective`` and ``train.compile`` spans are decoded; the per-micro-batch phase spans
+Only ``training.rank_step`` (its phase totals are attributes), ``training.step``, ``training.run``,
+``training.collective`` and ``training.compile`` spans are decoded; the per-micro-batch phase spans
 are left for the timeline pass over the few slowest steps. Memory is a few numbers per
 (step, rank), not per span.
 """
@@ -184,7 +184,7 @@ class StepTable:
 
     def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float,
             events: list[dict[str, Any]] | None = None) -> None:
-        """One ``train.rank_step`` span: its (decoded) attributes, resource, duration and
+        """One ``training.rank_step`` span: its (decoded) attributes, resource, duration and
         (raw) events."""
         if events:
             gaps = [g for g in map(Gap.of_event, events) if g is not None]
@@ -260,7 +260,7 @@ class CollectiveTally:
         return _sum(self.bw_weighted)
 
     def add(self, attrs: RawAttributes, duration_s: float) -> None:
-        """One collective's span, or a summary span of ``collective.count`` of them."""
+        """One collective's span, or a summary span of ``training.collective.count`` of them."""
         count = int(attribute(attrs, sc.ATTR_COLLECTIVE_COUNT, 1))
         self.count += count
         self.seconds.append(float(attribute(attrs, sc.ATTR_COLLECTIVE_TOTAL_S, duration_s)))
@@ -314,15 +314,15 @@ class TraceDigest:
     #: each collective's arrival, to match it across ranks (arrivals.py)
     arrivals: ArrivalRows = field(default_factory=ArrivalRows)
     run_spans: dict[int, tuple[int, int]] = field(default_factory=dict)  # rank: (start, end)
-    #: rank: its train.run spans, one an attempt (a launcher's restart under the run id)
+    #: rank: its training.run spans, one an attempt (a launcher's restart under the run id)
     attempts: dict[int, int] = field(default_factory=dict)
     #: rank: where its first attempt's goodput account began (its process start), epoch ns
     account_starts: dict[int, int] = field(default_factory=dict)
-    #: rank: (training.status, status message, steps, end ns) of its train.run span
+    #: rank: (training.status, status message, steps, end ns) of its training.run span
     run_ends: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
-    #: rank: (step, end ns) of its last train.rank_step
+    #: rank: (step, end ns) of its last training.rank_step
     last_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
-    #: rank: (step, start ns) of its first train.rank_step
+    #: rank: (step, start ns) of its first training.rank_step
     first_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
     run_ids: set[str] = field(default_factory=set)
     world_size: int = 0

@@ -36,7 +36,7 @@ SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 SPAN_KIND = {**SPAN_PHASE, sc.SPAN_RANK_STEP: "rank_step"}
 #: the only span attributes the checks read
 READ_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP})
-#: and, of a train.run span, how the rank's run ended
+#: and, of a training.run span, how the rank's run ended
 RUN_ATTRIBUTES = frozenset({sc.ATTR_RANK, sc.ATTR_STATUS, sc.ATTR_STEPS})
 #: the signals of a run directory, as its files' names begin
 SIGNALS = ("traces", "metrics", "logs")
@@ -63,15 +63,15 @@ class TraceEvidence:
     ranks: set[int] = field(default_factory=set)
     step_trace: dict[int, str] = field(default_factory=dict)  # the first trace id seen
     extra_traces: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
-    roots: dict[int, str] = field(default_factory=dict)  # step: train.step span id
+    roots: dict[int, str] = field(default_factory=dict)  # step: training.step span id
     rank_step_parents: dict[int, set[str]] = field(default_factory=lambda: defaultdict(set))
     #: (step, phase or "rank_step"): bitmask of the ranks seen, and the number of spans
     rank_masks: dict[tuple[int, str], int] = field(default_factory=dict)
     span_counts: dict[tuple[int, str], int] = field(default_factory=dict)
     run_spans: dict[int, RunSpan] = field(default_factory=dict)
     #: how each rank's run ended, as analysis/fates.py reads it: rank -> (training.status,
-    #: status message, steps, end ns) of its train.run span, and rank -> (step, end ns) of
-    #: its last train.rank_step
+    #: status message, steps, end ns) of its training.run span, and rank -> (step, end ns) of
+    #: its last training.rank_step
     run_ends: dict[int, tuple[str, str, int, int]] = field(default_factory=dict)
     last_steps: dict[int, tuple[int, int]] = field(default_factory=dict)
     resolved: set[tuple[str, str]] = field(default_factory=set)  # exemplar targets found
@@ -130,7 +130,7 @@ class TraceEvidence:
 
     def _note_fate(self, name: str, rank: Any, step: Any, status: Any, message: Any,
                    steps: Any, end_ns: int) -> None:
-        """What a train.run or train.rank_step span says of how its rank's run ended."""
+        """What a training.run or training.rank_step span says of how its rank's run ended."""
         if rank is None:
             return
         if name == sc.SPAN_RUN:

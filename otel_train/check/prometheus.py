@@ -134,9 +134,9 @@ def throttling_alert(api: PrometheusAPI, run_id: str | None) -> CheckResult:
 
 
 def telemetry_complete(api: PrometheusAPI, run_id: str | None) -> CheckResult:
-    total = f"sum by ({sc.ATTR_SIGNAL}) ({sc.PROM_TELEMETRY_DROPPED}{_sel(run_id)})"
+    total = f"sum by ({sc.PROM_SIGNAL_LABEL}) ({sc.PROM_TELEMETRY_DROPPED}{_sel(run_id)})"
     dropped = api.query(f"{total} > 0")
-    evidence = ", ".join(f"{r['metric'].get(sc.ATTR_SIGNAL, '?')} {float(r['value'][1]):.0f}"
+    evidence = ", ".join(f"{r['metric'].get(sc.PROM_SIGNAL_LABEL, '?')} {float(r['value'][1]):.0f}"
                          for r in dropped)
     return _row("telemetry_complete", not dropped, f"dropped: {evidence}" if dropped else
                 f"{sc.PROM_TELEMETRY_DROPPED} is zero or absent",

@@ -75,14 +75,14 @@ def launcher_context(ev: RunEvidence) -> CheckResult:
     size = world(ev.traces)
     item = "launcher_context"
     if not runs:  # e.g. a trace-id ratio sampler dropped the run's own (root) trace
-        return CheckResult(item, NOT_APPLICABLE, "no train.run spans exported, so nothing "
+        return CheckResult(item, NOT_APPLICABLE, "no training.run spans exported, so nothing "
                            "shows a launcher context (without TRACEPARENT a ratio sampler "
                            "may drop the run's own trace)", "launch with a sampled "
                            "TRACEPARENT: the run spans then follow the launcher's decision",
                            SOURCE)
     parents = {r: (s.trace_id, s.parent_id) for r, s in runs.items() if s.parent_id}
     if not parents:
-        return CheckResult(item, NOT_APPLICABLE, f"{len(runs)} train.run spans, none with a "
+        return CheckResult(item, NOT_APPLICABLE, f"{len(runs)} training.run spans, none with a "
                            "launcher parent: TRACEPARENT was not set for this run",
                            "have the launcher export TRACEPARENT to every rank", SOURCE)
     missing = sorted(set(range(size)) - set(parents))

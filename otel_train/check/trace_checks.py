@@ -35,7 +35,7 @@ def trace_coverage(ev: RunEvidence) -> CheckResult:
     counts = ev.metrics.per_rank_count(sc.METRIC_STEP_DURATION)
     trained = f" of {max(counts.values())} trained" if counts else ""
     if not sampled:
-        return _result("trace_coverage", False, f"no train.rank_step spans{trained}",
+        return _result("trace_coverage", False, f"no training.rank_step spans{trained}",
                        "instrument the run with otel_train.instrument() and check "
                        "OTEL_TRACES_SAMPLER is not always_off")
     orphans = [f"step {s}" for s in sampled if s not in t.roots
@@ -43,13 +43,13 @@ def trace_coverage(ev: RunEvidence) -> CheckResult:
     missing_ranks = sorted(set(range(world(t))) - t.ranks)
     evidence = f"{len(sampled)} sampled steps{trained}"
     if orphans:
-        evidence += f"; {len(orphans)} without their train.step root: {_examples(orphans)}"
+        evidence += f"; {len(orphans)} without their training.step root: {_examples(orphans)}"
     if missing_ranks:
         evidence += f"; ranks without any span: {missing_ranks}"
     if not orphans and not missing_ranks:
-        evidence += f", every rank_step under its train.step root, all {world(t)} ranks traced"
+        evidence += f", every rank_step under its training.step root, all {world(t)} ranks traced"
     return _result("trace_coverage", not orphans and not missing_ranks, evidence,
-                   "rank 0 must export train.step and every rank parent its rank_step on the "
+                   "rank 0 must export training.step and every rank parent its rank_step on the "
                    "step's derived span id; check that no rank's span export failed")
 
 
@@ -122,7 +122,7 @@ def ranks_finished(ev: RunEvidence) -> CheckResult:
     are said as its consequence."""
     t = ev.traces
     if not t.run_ends and not t.last_steps:
-        return CheckResult("ranks_finished", NOT_APPLICABLE, "no train.run or train.rank_step "
+        return CheckResult("ranks_finished", NOT_APPLICABLE, "no training.run or training.rank_step "
                            "spans", "", SOURCE)
     failed = fates(t)
     if not failed:
@@ -130,7 +130,7 @@ def ranks_finished(ev: RunEvidence) -> CheckResult:
                        f"all {world(t)} ranks' runs ended with status ok", "")
     first = failed[0]
     fix = (f"the training failed, not its telemetry: start from rank {first.rank}'s "
-           + ("stderr and its train.run span's exception" if first.fate == "crashed"
+           + ("stderr and its training.run span's exception" if first.fate == "crashed"
               else "exit (SIGKILL, the kernel's OOM killer, its node)")
            + "; `otel-train report` shows the steps before it")
     return _result("ranks_finished", False, "; ".join(f.sentence for f in failed), fix)

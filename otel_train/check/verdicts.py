@@ -15,7 +15,8 @@ ITEMS = (
     ("sampling_consistency", "spans per sampled step == world size, for each phase"),
     ("ranks_finished", "every rank's run ended well; a crashed or vanished rank is named"),
     ("exemplars", "latency histograms carry exemplars that resolve to traces"),
-    ("log_fields", "logs carry trace_id, span_id, run_id, rank, step (+ phase, duration_ms)"),
+    ("log_fields", "logs carry their trace and span ids, training.run.id, training.rank and "
+                   "training.step (+ training.phase, training.duration_s)"),
     ("launcher_context", "the launcher's trace context reaches every rank's run span"),
     ("per_rank_metrics", "metrics carry training.rank, so skew is visible, not averaged away"),
     ("cpu_throttling_measured", "CPU throttling is measured per rank"),

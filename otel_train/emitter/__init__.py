@@ -9,8 +9,12 @@ default, else the Pipeline on this thread. Its parts:
 - ``core.py``: :class:`Emitter`, the thread (sleeping until there is work, draining, handing
   each record to its part) and the sources' door (``sources.SourceHost``);
 - ``steps.py``: phases to steps, steps to records, the step listeners, held steps, sampling;
+- ``work.py``: a step's working state beside its record (``StepWork``), and the order of the
+  listeners that work on it (their declared fields);
 - ``logs.py``: log records, redacted and bounded;
-- ``accounts.py``: what was dropped and what went wrong, as counters.
+- ``accounts.py``: what was dropped and what went wrong, as counters;
+- ``pipeline.py``: what the emitter calls on a pipeline (the ``Pipeline`` protocol: the
+  exporter process's, or the in-process one).
 """
 
 from otel_train.emitter.core import Emitter

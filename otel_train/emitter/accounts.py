@@ -13,6 +13,7 @@ import collections
 from typing import Any
 
 from otel_train import internal_errors, semconv
+from otel_train.emitter.pipeline import Pipeline, ReportsExporterDrops
 from otel_train.identity import Identity
 from otel_train.recorder import Recorder
 
@@ -20,10 +21,13 @@ from otel_train.recorder import Recorder
 class Losses:
     """The dropped and internal-error counters of one rank."""
 
-    def __init__(self, recorder: Recorder, pipeline: Any, ident: Identity, prometheus: Any,
+    def __init__(self, recorder: Recorder, pipeline: Pipeline, ident: Identity, prometheus: Any,
                  console: Any) -> None:
         self.recorder = recorder
         self.pipeline = pipeline
+        #: the exporter process's pipeline reports that process's own losses; None in process
+        self._exporter: ReportsExporterDrops | None = (
+            pipeline if isinstance(pipeline, ReportsExporterDrops) else None)
         self.prometheus = prometheus
         self.console = console
         self._base_attrs = {semconv.ATTR_RANK: ident.rank, semconv.ATTR_RUN_ID: ident.run_id}
@@ -44,9 +48,8 @@ class Losses:
     def total_dropped(self) -> collections.Counter[str]:
         total = collections.Counter(self.recorder.dropped)
         total.update(self.pipeline.dropped)
-        exporter_dropped = getattr(self.pipeline, "exporter_dropped", None)
-        if exporter_dropped is not None:  # the exporter process's own losses
-            total.update(exporter_dropped())
+        if self._exporter is not None:  # the exporter process's own losses
+            total.update(self._exporter.exporter_dropped())
         return total
 
     def report_internal_errors(self) -> None:
@@ -71,9 +74,9 @@ class Losses:
         # (and polling the exporter's socket) at every drain. The exporter's own drops as
         # read so far: its reports come after every batch (acknowledgements), most of them
         # with the same drops; the ones read by this drain's commit count at the next
-        exporter = getattr(self.pipeline, "exporter_dropped_read", None)
+        exporter = self._exporter
         seen = (sum(self.recorder.dropped.values()), sum(self.pipeline.dropped.values()),
-                exporter() if exporter is not None else None)
+                exporter.exporter_dropped_read() if exporter is not None else None)
         if seen == self._drops_seen:
             return
         self._drops_seen = seen

@@ -9,10 +9,11 @@ here is logged and counted, never raised.
 
 from __future__ import annotations
 
+import operator
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry.trace import Link, SpanContext
 
@@ -20,15 +21,14 @@ from otel_train import internal_errors
 from otel_train.config import Config
 from otel_train.emitter.accounts import Losses
 from otel_train.emitter.logs import LogRecords
-from otel_train.emitter.steps import StepAssembly, StepListener
+from otel_train.emitter.pipeline import Pipeline
+from otel_train.emitter.steps import StepAssembly
+from otel_train.emitter.work import StepListener
 from otel_train.export.prometheus import PrometheusEndpoint
 from otel_train.identity import Identity
 from otel_train.recorder import Recorder
 from otel_train.wire import ctx_tuple
-from otel_train.wire.hot_path import EVENT, LOG, PHASE, STEP
-
-if TYPE_CHECKING:
-    from otel_train.exporter.providers import Pipeline
+from otel_train.wire.hot_path import EVENT, LOG, LOG_FIELDS, PHASE, STEP
 
 Remover = Callable[[], None]
 
@@ -38,6 +38,11 @@ FILL_DIVISOR = 2
 #: the longest the emitter sleeps while nothing is recorded and no source asked for a
 #: deadline (the exporter process's drop reports, internal errors: counted, not urgent)
 KEEPALIVE_S = 30.0
+#: ``captured_fields(record)``: what ``LogRecords.captured`` takes of a LOG record, in its
+#: parameters' order (time_ns, level, message, fields, scope), by the names
+#: ``hot_path.LOG_FIELDS`` gives the record's fields
+captured_fields: Callable[[tuple[Any, ...]], tuple[Any, ...]] = operator.itemgetter(
+    *(LOG_FIELDS.index(name) for name in ("time_ns", "level", "event", "fields", "scope")))
 
 
 class _Backpressure:
@@ -50,7 +55,7 @@ class _Backpressure:
     usual and the emitter keeps up with the training thread.
     """
 
-    def __init__(self, pipeline: Any, budget_s: float) -> None:
+    def __init__(self, pipeline: Pipeline, budget_s: float) -> None:
         self.pipeline = pipeline
         self.deadline = time.monotonic() + budget_s
 
@@ -112,7 +117,7 @@ class Emitter:
         #: the emitter's own records by kind (the sources' EVENT records go to their handlers)
         self._by_kind: dict[str, Callable[[tuple[Any, ...]], None]] = {
             PHASE: self.steps.on_phase, STEP: self.steps.on_step,
-            LOG: lambda record: self.logs.captured(*record[1:])}
+            LOG: lambda record: self.logs.captured(*captured_fields(record))}
         self.count_drop = self.losses.count_drop
         self.total_dropped = self.losses.total_dropped
 
@@ -145,15 +150,18 @@ class Emitter:
         return remove
 
     def on_step(self, listener: StepListener) -> Remover:
-        """Called with each finished step, after its spans are built and its metrics recorded:
-        child spans go under ``info.phase_spans`` / ``info.rank_step_context`` from here."""
+        """Called with each finished step (its ``StepWork``, work.py), after its spans are
+        built and its metrics recorded: child spans go under ``info.phase_spans`` /
+        ``info.rank_step_context`` from here."""
         return _add(self.steps, "step_listeners", listener)
 
     def before_step(self, listener: StepListener) -> Remover:
-        """Called with each finished step before its spans and metrics: may add to
-        ``info.phase_totals`` (e.g. exposed_comm, compile), ``info.extra_attributes`` and
-        ``info.events``."""
-        return _add(self.steps, "pre_step_listeners", listener)
+        """Called with each finished step (its ``StepWork``, work.py) before its spans and
+        metrics: may add to ``info.phase_totals`` (e.g. exposed_comm, compile),
+        ``info.extra_attributes`` and ``info.events``. The pre-step listeners run in the order
+        the fields they declare ask (``work.step_uses``: each after those that write what it
+        reads), else in the order they were registered; ValueError on a cycle."""
+        return self.steps.add_pre_step_listener(listener)
 
     def on_tick(self, listener: Callable[[], None]) -> Remover:
         """Called on the emitter thread after every drain, records or not: for sources that

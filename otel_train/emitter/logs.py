@@ -9,12 +9,14 @@ attributes' names and cut to a bounded length before it leaves.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from opentelemetry._logs import SeverityNumber
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from otel_train import redact, semconv
+from otel_train.emitter.pipeline import Pipeline
 from otel_train.identity import Identity
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -54,7 +56,8 @@ def _attr_value(value: Any, keep_end: bool = False) -> Any:
 class LogRecords:
     """Makes log records for a pipeline, in the context of the step or span they name."""
 
-    def __init__(self, pipeline: Any, ident: Identity, sampled: Any, console: Any) -> None:
+    def __init__(self, pipeline: Pipeline, ident: Identity, sampled: Callable[[int], bool],
+                 console: Any) -> None:
         self.pipeline = pipeline
         self.ident = ident
         self.sampled = sampled  # trace_id -> bool: the step sampler's decision

@@ -1,20 +1,28 @@
 """A finished step's records made into one ``StepRecord`` (``wire/step.py``), given to the
-sources' step listeners and handed to the pipeline.
+sources' step listeners inside its working state (``StepWork``, work.py) and handed to the
+pipeline.
 
 The tracker's ``PHASE`` records wait here by step until the step's ``STEP`` record comes;
 then the step is sampled or not (the configured sampler on the step's derived trace id),
 its record is built once, the pre-step listeners add to it (GPU times, exposed
-communication, throttling, untimed stretches), its phase spans are laid out, and it is handed
-on. Sources may hold finished steps back, in order, until they are ready (their GPU events
-resolved, the flight recorder read): :meth:`StepAssembly.hold_steps`. A listener that raises
-loses its own part, not the step; a step whose own assembly fails is counted as dropped, in
-exactly what it would have made.
+communication, throttling, untimed stretches) in the order their declared fields ask
+(work.py), its phase spans are laid out, and the record is handed on. Sources may hold
+finished steps back, in order, until they are ready (their GPU events resolved, the flight
+recorder read): :meth:`StepAssembly.hold_steps`. A listener that raises loses its own part,
+not the step; a step whose own assembly fails is counted as dropped, in exactly what it
+would have made.
+
+The training thread's records are plain tuples (``wire/hot_path.py``); they are read here
+by their fields' names (:data:`EMIT_STEP_FIELDS`, ``step_fields``, ``phase_interval``,
+``phase_span_id`` and the indices below, all taken from ``hot_path``'s field tuples), never
+by positions written out.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import operator
 import random
 import time
 from collections.abc import Callable
@@ -26,17 +34,37 @@ from opentelemetry.sdk.trace import sampling
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from otel_train import identity, semconv, step_time
+from otel_train.emitter.pipeline import Pipeline
+from otel_train.emitter.work import StepListener, StepWork, order_listeners
 from otel_train.identity import Identity
 from otel_train.wire import CtxTuple
 from otel_train.wire import step as wire_step
+from otel_train.wire.hot_path import PHASE_FIELDS, STEP_FIELDS
 from otel_train.wire.step import PhaseRow, StepRecord
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_INT = int(_SAMPLED)
 _UNSAMPLED = TraceFlags(0)
 
-StepListener = Callable[[StepRecord], None]
-#: the gap sampler's split of the time outside the phases (sources/gaps.py), on the rank step
+# --- the training thread's records, read by their fields' names (wire/hot_path.py) ---------
+#: what :meth:`StepAssembly.emit_step` takes of a STEP record: its parameters, by the names
+#: ``hot_path.STEP_FIELDS`` gives the record's fields (tests/sdk/test_step_seams.py holds
+#: the two to each other)
+EMIT_STEP_FIELDS = ("step", "start_ns", "end_ns", "micro_batches", "samples", "tokens")
+#: ``step_fields(record)``: a STEP record's :data:`EMIT_STEP_FIELDS`, in that order (one C
+#: call, a plain tuple: what ``record[1:]`` cost, without assuming where each field lies)
+step_fields: Callable[[tuple[Any, ...]], tuple[Any, ...]] = operator.itemgetter(
+    *(STEP_FIELDS.index(name) for name in EMIT_STEP_FIELDS))
+_STEP_AT, _STEP_END_AT = STEP_FIELDS.index("step"), STEP_FIELDS.index("end_ns")
+_PHASE_STEP_AT, _PHASE_AT = PHASE_FIELDS.index("step"), PHASE_FIELDS.index("phase")
+#: a PHASE record's (phase, micro, start_ns, end_ns): a row of StepWork.phase_intervals
+phase_interval: Callable[[tuple[Any, ...]], tuple[Any, ...]] = operator.itemgetter(
+    *(PHASE_FIELDS.index(name) for name in ("phase", "micro", "start_ns", "end_ns")))
+#: a PHASE record's span id (0: nobody asked for one while the phase ran)
+phase_span_id: Callable[[tuple[Any, ...]], int] = operator.itemgetter(
+    PHASE_FIELDS.index("span_id"))
+
+#: the gap sampler's split of the time outside the phases (sources/gaps/), on the rank step
 _DEVICE_WAIT_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_DEVICE_WAIT
 _HOST_BUSY_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_HOST_BUSY
 
@@ -73,7 +101,7 @@ def _debug_enabled(console: Any) -> bool:
 class StepAssembly:
     """Phases to steps, steps to records, records to listeners and the pipeline."""
 
-    def __init__(self, pipeline: Any, ident: Identity, sampler: sampling.Sampler,
+    def __init__(self, pipeline: Pipeline, ident: Identity, sampler: sampling.Sampler,
                  clock_offset_ns: int, links: list[CtxTuple], prometheus: Any, console: Any,
                  swallowed: Callable[[Exception, str], None]) -> None:
         self.pipeline = pipeline
@@ -91,7 +119,9 @@ class StepAssembly:
         # tuples, replaced whole by a registration or its remover: the emitter thread
         # iterates the one it found, whatever another thread adds or removes meanwhile
         self.step_listeners: tuple[StepListener, ...] = ()
+        #: in the order they run (work.order_listeners), and as they were registered
         self.pre_step_listeners: tuple[StepListener, ...] = ()
+        self._pre_step_registered: tuple[StepListener, ...] = ()
         self._step_gates: list[Callable[[int, int], bool]] = []
         self._ready: Callable[[int, int], bool] = lambda step, end: True  # all the gates
         self.held: collections.deque[tuple[Any, ...]] = collections.deque()
@@ -106,17 +136,35 @@ class StepAssembly:
         self._last_end: int | None = None
         self.time_counters = TimeCounters(pipeline, ident, prometheus)
 
+    # --- the step listeners -------------------------------------------------------------
+    def add_pre_step_listener(self, listener: StepListener) -> Callable[[], None]:
+        """Run ``listener`` with each finished step before its record is handed on, in the
+        order the listeners' declared fields ask (work.order_listeners: computed here, once a
+        registration, never per step); ValueError, and nothing registered, on a cycle or an
+        unknown field. The remover takes it out again."""
+        registered = (*self._pre_step_registered, listener)
+        self.pre_step_listeners = order_listeners(registered)
+        self._pre_step_registered = registered
+
+        def remove() -> None:
+            self._pre_step_registered = tuple(
+                x for x in self._pre_step_registered if x is not listener)
+            self.pre_step_listeners = tuple(
+                x for x in self.pre_step_listeners if x is not listener)
+
+        return remove
+
     # --- the tracker's records --------------------------------------------------------
     def on_phase(self, record: tuple[Any, ...]) -> None:
-        self._phases[record[1]].append(record)
+        self._phases[record[_PHASE_STEP_AT]].append(record)
 
     def on_step(self, record: tuple[Any, ...]) -> None:
-        self._step_ends.append((record[3], record[1]))
+        self._step_ends.append((record[_STEP_END_AT], record[_STEP_AT]))
         if self._step_gates:
             self.held.append(record)
             self.release_steps()
         else:
-            self.emit_step(*record[1:])
+            self.emit_step(*step_fields(record))
 
     # --- held steps -------------------------------------------------------------------
     def hold_steps(self, ready: Callable[..., bool], max_held: int = 64,
@@ -138,14 +186,14 @@ class StepAssembly:
         held, ready = self.held, self._ready
         deadline = time.monotonic() + (1.0 if final else 0.0)
         while held:
-            step, end = held[0][1], held[0][3]
+            step, end = held[0][_STEP_AT], held[0][_STEP_END_AT]
             if len(held) <= self._max_held and not ready(step, end):
                 if not final:
                     return
                 if time.monotonic() < deadline:
                     time.sleep(0.005)  # the last pump only: polling, never synchronising
                     continue
-            self.emit_step(*held.popleft()[1:])
+            self.emit_step(*step_fields(held.popleft()))
 
     # --- what sources ask ---------------------------------------------------------------
     def sampled(self, trace_id: int) -> bool:
@@ -153,7 +201,7 @@ class StepAssembly:
         return self._decide(trace_id)
 
     def step_context(self, step: int) -> SpanContext:
-        """The ``train.rank_step`` span context of this rank's ``step`` (its ids are derived,
+        """The ``training.rank_step`` span context of this rank's ``step`` (its ids are derived,
         so known before the step is emitted)."""
         trace_id, span_id = self._ids(step)
         flags = _SAMPLED if self.sampled(trace_id) else TraceFlags(0)
@@ -175,18 +223,22 @@ class StepAssembly:
             found = step
         return found
 
-    def exemplar_context(self, info: StepRecord) -> otel_context.Context | None:
+    def exemplar_context(self, info: StepWork) -> otel_context.Context | None:
         """The context that binds a step's metric points to its span (made once a step:
         building an OpenTelemetry Context costs microseconds, and every collective asks)."""
-        if not info.sampled:
+        if not info.record.sampled:
             return None
         if info.exemplar is None:
             info.exemplar = trace.set_span_in_context(NonRecordingSpan(info.rank_step_context))
         return info.exemplar
 
     # --- a step -----------------------------------------------------------------------
-    def emit_step(self, step: int, start: int, end: int, micro_batches: int, samples: int,
+    def emit_step(self, step: int, start_ns: int, end_ns: int, micro_batches: int, samples: int,
                   tokens: int) -> None:
+        """A STEP record's fields (:data:`EMIT_STEP_FIELDS`: these parameters): the step made
+        into its record, given to the listeners and handed on. Times on the perf_counter
+        clock."""
+        start, end = start_ns, end_ns
         phases = self._phases.pop(step, [])
         try:
             self._emit_step_with(phases, step, start, end, micro_batches, samples, tokens)
@@ -197,7 +249,7 @@ class StepAssembly:
                 sampled = self.sampled(identity.step_trace_id(self.ident.run_id, step))
             except Exception:
                 sampled = True
-            totals = {r[2] for r in phases}
+            totals = {r[_PHASE_AT] for r in phases}
             lost = StepRecord(
                 run_id=self.ident.run_id, rank=self.ident.rank,
                 world_size=self.ident.world_size, step=step, start_ns=start, end_ns=end,
@@ -224,30 +276,33 @@ class StepAssembly:
                 stale.append(k)
             for k in stale:
                 del by_step[k]
+        # a tuple: the listeners share it, and the phase spans below are made from it
+        intervals = tuple(map(phase_interval, phases))
         totals: dict[str, float] = {}
-        for _, _, phase, _, p_start, p_end, _ in phases:
+        for phase, _, p_start, p_end in intervals:
             totals[phase] = totals.get(phase, 0.0) + (p_end - p_start) / 1e9
         duration_s = (end - start) / 1e9
         trace_id, rank_span_id = self._ids(step)
         sampled = self.sampled(trace_id)
         rank_ctx = SpanContext(trace_id, rank_span_id, is_remote=False,
                                trace_flags=_SAMPLED if sampled else _UNSAMPLED)
-        info = StepRecord(
+        record = StepRecord(
             run_id=ident.run_id, rank=ident.rank, world_size=ident.world_size, step=step,
             start_ns=start + self.offset, end_ns=end + self.offset,
             micro_batches=micro_batches, samples=samples, tokens=tokens, phase_totals=totals,
             sampled=sampled, trace_id=trace_id, rank_step_span_id=rank_ctx.span_id,
-            links=self.links, rank_step_context=rank_ctx,
-            phase_intervals=[(r[2], r[3], r[4], r[5]) for r in phases])
+            links=self.links)
+        info = StepWork(record, rank_step_context=rank_ctx, phase_intervals=intervals)
         for listener in self.pre_step_listeners:
             self._call_listener(listener, info)
         self._account(info, start, end)
         # The step's spans, log and points are made where spans are built (the exporter
         # process by default: wire/step.py); here only their plain values.
         if sampled:
-            phase_rows, phase_spans = info.phases, info.phase_spans
+            phase_rows, phase_spans = record.phases, info.phase_spans
             overrides, offset = info.phase_overrides, self.offset
-            for _, _, phase, micro, p_start, p_end, span_id in phases:
+            for (phase, micro, p_start, p_end), span_id in zip(
+                    intervals, map(phase_span_id, phases)):
                 if not span_id:  # nobody asked for it on the training thread (tracker.py)
                     span_id = self._getrandbits(64) or 1
                 over = overrides.get(span_id)
@@ -260,18 +315,18 @@ class StepAssembly:
                 phase_rows.append(PhaseRow(phase, micro, p_start, p_end, span_id, added, error))
                 phase_spans.append((phase, micro, (trace_id, span_id, _SAMPLED_INT, False),
                                     p_start, p_end))
-        self.pipeline.step(info)
+        self.pipeline.step(record)
         try:  # the step is handed over: what follows can fail without losing it
             self._after_step(info, duration_s)
         except Exception as err:
             self._swallowed(err, "")
 
-    def _account(self, info: StepRecord, start: int, end: int) -> None:
+    def _account(self, info: StepWork, start: int, end: int) -> None:
         """The step's parts and goodput (otel_train/step_time.py), once every listener has
         added what it measured: the one place a step's time is divided."""
-        offset, extra = self.offset, info.extra_attributes
+        offset, extra = self.offset, info.record.extra_attributes
         compiles = info.compile_intervals
-        info.parts_ns = parts = step_time.partition_ns(
+        info.record.parts_ns = parts = step_time.partition_ns(
             start, end, info.phase_intervals, info.exposed_intervals,
             [(a - offset, b - offset) for a, b in compiles] if compiles else compiles,
             int(extra.get(_DEVICE_WAIT_TOTAL, 0.0) * 1e9),
@@ -282,22 +337,24 @@ class StepAssembly:
             parts, first or bool(compiles), before, first))
         self._last_end = end
 
-    def _after_step(self, info: StepRecord, duration_s: float) -> None:
-        trace_id, rank_span_id = info.trace_id, info.rank_step_span_id
+    def _after_step(self, info: StepWork, duration_s: float) -> None:
+        record = info.record
+        trace_id, rank_span_id = record.trace_id, record.rank_step_span_id
         if self.prometheus is not None:
             exemplar = ({"trace_id": f"{trace_id:032x}", "span_id": f"{rank_span_id:016x}"}
-                        if info.sampled else None)
-            self.prometheus.observe_step(duration_s, info.phase_totals, info.samples,
-                                         info.tokens, exemplar)
+                        if record.sampled else None)
+            self.prometheus.observe_step(duration_s, record.phase_totals, record.samples,
+                                         record.tokens, exemplar)
         for listener in self.step_listeners:
             self._call_listener(listener, info)
         if self._console_debug:
-            self.console.debug("train.step.end", trace_id=f"{trace_id:032x}",
-                               span_id=f"{rank_span_id:016x}", step=info.step,
-                               phase="step", duration_ms=round(duration_s * 1e3, 3))
+            self.console.debug(semconv.LOG_STEP_END, trace_id=f"{trace_id:032x}",
+                               span_id=f"{rank_span_id:016x}", step=record.step,
+                               **{semconv.LOG_PHASE: "step",
+                                  semconv.LOG_DURATION: round(duration_s, 6)})
         self.steps_emitted += 1
 
-    def _call_listener(self, listener: StepListener, info: StepRecord) -> None:
+    def _call_listener(self, listener: StepListener, info: StepWork) -> None:
         """A source's step listener: one that raises loses its own part, not the step."""
         try:
             listener(info)
@@ -313,7 +370,7 @@ class TimeCounters:
     bucket is added once it holds time (its series appears then); what a step adds is never
     lost with the step's record."""
 
-    def __init__(self, pipeline: Any, ident: Identity, prometheus: Any) -> None:
+    def __init__(self, pipeline: Pipeline, ident: Identity, prometheus: Any) -> None:
         meter = getattr(pipeline, "meter", None)
         self._counters = None if meter is None else (
             semconv.create(meter, semconv.METRIC_STEP_TIME),

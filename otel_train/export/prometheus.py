@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from otel_train import semconv
 
 _LABELS = (semconv.PROM_RANK_LABEL, semconv.PROM_RUN_LABEL)
+_SIGNAL_LABEL = semconv.PROM_SIGNAL_LABEL
 
 
 def _histogram(name: str, labels: tuple[str, ...], registry: CollectorRegistry) -> Histogram:
@@ -41,14 +42,14 @@ class PrometheusEndpoint:
         self.samples = _counter(semconv.METRIC_SAMPLES, _LABELS, reg)
         self.tokens = _counter(semconv.METRIC_TOKENS, _LABELS, reg)
         self.dropped = _counter(semconv.METRIC_TELEMETRY_DROPPED,
-                                (*_LABELS, semconv.prometheus_label(semconv.ATTR_SIGNAL)), reg)
+                                (*_LABELS, _SIGNAL_LABEL), reg)
         self.cpu_throttled = _counter(semconv.METRIC_CPU_THROTTLED_TIME, _LABELS, reg)
         self.parts = _counter(semconv.METRIC_STEP_TIME, (*_LABELS, semconv.PROM_PART_LABEL), reg)
         self.goodput = _counter(semconv.METRIC_GOODPUT_TIME,
                                 (*_LABELS, semconv.PROM_GOODPUT_BUCKET_LABEL), reg)
         for signal in (semconv.SIGNAL_SPANS, semconv.SIGNAL_METRICS, semconv.SIGNAL_LOGS):
             # a zero from the start, so increase() sees the first drop
-            self.dropped.labels(**self._labels, signal=signal)
+            self.dropped.labels(**self._labels, **{_SIGNAL_LABEL: signal})
         self._server, self._thread = start_http_server(port, addr=addr, registry=reg)
 
     def observe_step(self, duration_s: float, phases: dict[str, float], samples: int,
@@ -70,7 +71,7 @@ class PrometheusEndpoint:
             self.goodput.labels(**self._labels, training_goodput_bucket=bucket).inc(seconds)
 
     def add_dropped(self, signal: str, count: int) -> None:
-        self.dropped.labels(**self._labels, signal=signal).inc(count)
+        self.dropped.labels(**self._labels, **{_SIGNAL_LABEL: signal}).inc(count)
 
     def add_cpu_throttled(self, seconds: float) -> None:
         self.cpu_throttled.labels(**self._labels).inc(seconds)

@@ -614,7 +614,7 @@ class Pipeline:
         # The emitter makes the step sampling decision itself (the configured sampler on the
         # step's trace id) and builds spans of sampled steps only; children follow their
         # step's flag. Roots and remote-parented spans are always kept: a ratio sampler must
-        # never lose a rank's train.run span.
+        # never lose a rank's training.run span.
         self.tracer_provider = TracerProvider(
             resource=self.resource, id_generator=self.ids,
             sampler=ParentBased(ALWAYS_ON, remote_parent_not_sampled=ALWAYS_ON),
@@ -744,10 +744,13 @@ class Pipeline:
         under the instrumentation scope ``scope``: otel-train's, or a user logger's name."""
         ctx = (trace.set_span_in_context(NonRecordingSpan(parent)) if parent is not None
                else None)
+        # otel-train's own records are events: their body is the event's name (training.*,
+        # otel_train.*), which OpenTelemetry's log data model keeps in EventName too
+        event_name = body if scope == semconv.SCOPE_NAME and type(body) is str else None
         self._logger(scope).emit(
             timestamp=time_ns, observed_timestamp=observed_ns, context=ctx,
             severity_number=SeverityNumber(severity), severity_text=severity_text, body=body,
-            attributes=attributes)
+            attributes=attributes, event_name=event_name)
 
     def _logger(self, scope: str) -> Any:
         if scope == semconv.SCOPE_NAME:

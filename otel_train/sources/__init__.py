@@ -12,6 +12,12 @@ A source is a class with a constructor taking no arguments and two methods:
 Everything a source does on the emitter thread (handlers, listeners) may create spans with
 ``ctx.emitter.span(...)``. A source that fails to start is reported and skipped: it never
 stops training.
+
+A step listener is given the step's working state (``otel_train.emitter.work.StepWork``:
+its record's fields and the listeners' scratch, by name). A pre-step listener that reads
+what another one writes, or writes what another one reads, says so with :func:`step_uses`
+on the listener: the emitter runs each after every listener that writes a field it reads,
+whatever the order the sources start in.
 """
 
 from __future__ import annotations
@@ -25,9 +31,13 @@ from typing import Any, Protocol
 from opentelemetry.trace import SpanContext
 
 from otel_train.config import Config, ConfigWarning
+from otel_train.emitter.work import step_uses
 from otel_train.identity import Identity
 from otel_train.recorder import Recorder
 from otel_train.tracker import StepTracker
+
+__all__ = ["Remover", "RunContext", "Source", "SourceHost", "start_all", "step_uses",
+           "stop_all"]
 
 #: undoes a registration (like torch's hook handles' ``remove``)
 Remover = Callable[[], None]
@@ -39,7 +49,7 @@ class SourceHost(Protocol):
 
     ident: Identity
     offset: int  #: perf_counter ns + offset = epoch ns
-    run_context: SpanContext  #: this rank's ``train.run`` span
+    run_context: SpanContext  #: this rank's ``training.run`` span
     steps_emitted: int  #: steps handed to export so far
 
     # --- registration ---

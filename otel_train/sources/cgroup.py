@@ -10,7 +10,7 @@ optimizer step, the last one winning when several step back to back, or at ``mar
 at most once every :data:`MIN_READ_INTERVAL_NS` (10 ms): one ``pread`` of a file descriptor
 opened at start, and the raw bytes go to the emitter with the step, which parses them and
 reports the increase since the previous sample: a counter, and ``training.cpu.throttled_s``
-on the step's ``train.rank_step`` span. (Read when the emitter drained instead, a step was
+on the step's ``training.rank_step`` span. (Read when the emitter drained instead, a step was
 charged with throttling that happened in later steps.) The kernel adds throttled time when a
 CFS period (100 ms by default) refills the quota, so reading more often than that says
 nothing more; but a read is a system call, ~8 us of the training thread a step on a 2-vCPU
@@ -34,6 +34,7 @@ from typing import Any
 
 from otel_train import internal_errors, semconv
 from otel_train.recorder import EVENT
+from otel_train.sources import step_uses
 
 RECORD = "otel_train.cgroup"
 FINAL_RECORD = "otel_train.cgroup.final"
@@ -162,16 +163,18 @@ class CgroupSource:
             for old in sorted(self.samples)[:2048]:
                 del self.samples[old]
 
+    @step_uses(writes=("extra_attributes",))
     def _on_step(self, info: Any) -> None:
-        raw = self.samples.pop(info.step, None)
+        record = info.record
+        raw = self.samples.pop(record.step, None)
         if raw is not None:
             delta = self._advance(_throttled_of_raw(raw))
         elif self.fd is None:  # no descriptor: read at drain time
             delta = self._advance(throttled_seconds(self.path))
         else:  # not sampled (within the read interval): the next sample carries it
             delta = 0.0
-        duration_s = max(0.0, (info.end_ns - info.start_ns) / 1e9)
-        info.extra_attributes[semconv.ATTR_CPU_THROTTLED] = min(delta, duration_s)
+        duration_s = max(0.0, (record.end_ns - record.start_ns) / 1e9)
+        record.extra_attributes[semconv.ATTR_CPU_THROTTLED] = min(delta, duration_s)
 
     def _on_final(self, raw: bytes) -> None:
         """The run's last read: what no sampled step was charged with, into the counter."""

@@ -1,4 +1,4 @@
-"""A step's collectives as rows, and what they become: ``train.collective`` spans and
+"""A step's collectives as rows, and what they become: ``training.collective`` spans and
 duration and size points.
 
 Every source of collectives produces these rows: the gloo wrappers, the process-group hooks

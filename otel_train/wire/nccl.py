@@ -7,7 +7,7 @@ with the step's context (:class:`StepSpec`), to where spans are built (the expor
 by default), so the training process pays for the context and the bytes, not for the
 attributes, spans and points of each collective (docs/overhead.md). They become the rows
 every source of collectives produces (``wire/collectives.py``), with
-``collective.source = nccl_profiler``. No torch here: the exporter process never imports it.
+``training.collective.source = nccl_profiler``. No torch here: the exporter process never imports it.
 """
 
 from __future__ import annotations

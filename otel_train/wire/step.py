@@ -1,11 +1,13 @@
 """One rank's finished step: the record built once, on the emitter thread, and what it
-becomes (its spans, its ``train.step.end`` log and its metric points).
+becomes (its spans, its ``training.step.end`` log and its metric points).
 
-The emitter builds one :class:`StepRecord` per step from the tracker's records, hands it to
-the sources' step listeners (which add GPU times, memory, exposed communication...), then to
-the pipeline: to the exporter process, where :func:`emit` makes the telemetry, or to the
-in-process pipeline. Only the fields in :data:`WIRE_FIELDS` cross the process boundary; the
-rest are the listeners' working state on the emitter thread. No torch here.
+The emitter builds one :class:`StepRecord` per step from the tracker's records, hands it,
+inside its working state (``otel_train/emitter/work.py``: ``StepWork``, what the listeners
+read and write beside the record and never sent), to the sources' step listeners (which add
+GPU times, memory, exposed communication...), then the record alone to the pipeline: to the
+exporter process, where :func:`emit` makes the telemetry, or to the in-process pipeline.
+Every field of a StepRecord crosses the process boundary (:data:`WIRE_FIELDS`). No torch
+here.
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ INSTRUMENTS = (semconv.METRIC_STEP_DURATION, semconv.METRIC_PHASE_DURATION,
 
 @dataclasses.dataclass(eq=False)
 class StepRecord:
-    """One rank's finished step."""
+    """One rank's finished step, as it crosses to where spans are built: every field is a
+    wire field (:data:`WIRE_FIELDS`). The step listeners' working state on the emitter
+    thread is not here: it is ``otel_train.emitter.work.StepWork``, which holds the record."""
 
     run_id: str
     rank: int
@@ -59,56 +63,30 @@ class StepRecord:
     sampled: bool
     trace_id: int
     rank_step_span_id: int
-    #: the links of the rank's step spans: the train.run span, the launcher's context
+    #: the links of the rank's step spans: the training.run span, the launcher's context
     links: list[CtxTuple] = dataclasses.field(default_factory=list)
     #: the phase spans, made once the listeners have run (sampled steps only)
     phases: list[PhaseRow] = dataclasses.field(default_factory=list)
-    #: added to the train.rank_step span by listeners (GPU totals, memory, throttling, MFU...)
+    #: added to the training.rank_step span by listeners (GPU totals, memory, throttling, MFU...)
     extra_attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
-    #: events of the train.rank_step span as (name, epoch ns, attributes) (sources/gaps.py)
+    #: events of the training.rank_step span as (name, epoch ns, attributes) (sources/gaps/)
     events: list[tuple[str, int, dict[str, Any]]] = dataclasses.field(default_factory=list)
     #: the step's time split into disjoint parts that add up to it, ns in semconv.PARTS'
     #: order (otel_train/step_time.py; made once the listeners have run; their counters are
     #: added on the emitter, once a drain: emitter/steps.py TimeCounters)
     parts_ns: list[int] = dataclasses.field(default_factory=list)
 
-    # --- the emitter thread's working state: never sent -----------------------------------
-    #: the train.rank_step span's context (``trace_id``, ``rank_step_span_id``, ``sampled``)
-    rank_step_context: SpanContext | None = None
-    #: phase span contexts with their wall-clock intervals: (phase, micro, ctx, start, end),
-    #: ctx as ``wire.ctx_tuple`` gives it: what the collectives' rows carry
-    phase_spans: list[tuple[str, int, CtxTuple, int, int]] = dataclasses.field(
-        default_factory=list)
-    #: phase intervals on the training thread's perf_counter clock: (phase, micro, start, end)
-    phase_intervals: list[tuple[str, int, int, int]] = dataclasses.field(default_factory=list)
-    #: changes to phase spans by span id, set by pre-step listeners: any of ``start_ns``,
-    #: ``end_ns`` (wall clock, e.g. GPU-timed), ``attributes`` (added), ``error`` (status)
-    phase_overrides: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    #: the metric points' exemplar context, made once (Emitter.exemplar_context)
-    exemplar: Any = None
-    #: (host end, GPU end) of each GPU-timed phase, wall-clock ns, in order; None where the
-    #: step's GPU times are not known (a CPU run, events unresolved): set by
-    #: sources/gpu/cuda_timing.py, read by sources/gaps.py
-    gpu_ends: list[tuple[int, int]] | None = None
-    #: the step's exposed communication, perf_counter ns intervals (the collectives' route:
-    #: sources/collectives/assembly.py), and its compilations, wall-clock ns intervals
-    #: (sources/compile): what the step's parts are made of
-    exposed_intervals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-    compile_intervals: list[tuple[int, int]] = dataclasses.field(default_factory=list)
-
     def __reduce__(self) -> tuple[Any, ...]:
-        # what crosses to the exporter process: the wire fields, in WIRE_FIELDS' order, the
-        # phase rows as plain tuples (a NamedTuple pickles at about twice the cost)
+        # what crosses to the exporter process: the fields, in WIRE_FIELDS' order, the phase
+        # rows as plain tuples (a NamedTuple pickles at about twice the cost)
         values = list(_wire_values(self))
         values[_PHASES_AT] = [tuple(row) for row in self.phases]
         return _from_wire, (values,)
 
 
-#: the fields that cross the process boundary, in the order they are pickled
-WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord)
-                    if f.name not in ("rank_step_context", "phase_spans", "phase_intervals",
-                                      "phase_overrides", "exemplar", "gpu_ends",
-                                      "exposed_intervals", "compile_intervals"))
+#: the fields that cross the process boundary, in the order they are pickled: all of
+#: StepRecord's
+WIRE_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
 
 
 #: a record's wire values, in WIRE_FIELDS' order (one C call)

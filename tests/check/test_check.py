@@ -105,7 +105,7 @@ def test_rank_steps_without_their_root_fail_trace_coverage(copy: Path) -> None:
 
     rewrite_lines(copy, sc.TRACES_GLOB, drop_roots)
     status, evidence = verdicts(copy)["trace_coverage"]
-    assert status == FAIL and "60 without their train.step root" in evidence
+    assert status == FAIL and "60 without their training.step root" in evidence
 
 
 def test_a_rank_without_the_launcher_parent_fails(copy: Path) -> None:
@@ -194,7 +194,7 @@ def test_no_run_spans_at_all_is_not_applicable(copy: Path) -> None:
 
     rewrite_lines(copy, sc.TRACES_GLOB, drop_run_spans)
     status, evidence = verdicts(copy)["launcher_context"]
-    assert status == NOT_APPLICABLE and evidence.startswith("no train.run spans exported")
+    assert status == NOT_APPLICABLE and evidence.startswith("no training.run spans exported")
 
 
 def test_spans_uneven_across_ranks_fail_sampling_consistency(copy: Path) -> None:

@@ -99,7 +99,7 @@ def test_missing_step_roots_fail_coverage(copy: Path) -> None:
 
     rewrite_lines(copy, sc.TRACES_GLOB, drop_roots)
     status, evidence = verdicts(copy)["trace_coverage"]
-    assert status == FAIL and f"{STEPS} without their train.step root" in evidence
+    assert status == FAIL and f"{STEPS} without their training.step root" in evidence
 
 
 def test_a_rank_losing_the_launcher_context_fails(copy: Path) -> None:

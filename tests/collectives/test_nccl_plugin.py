@@ -324,9 +324,9 @@ def test_rows_become_spans_and_points_under_the_phase_that_issued_them():
     assert durations == [300 / 1e9, 400 / 1e9, 100 / 1e9]
     assert sizes == [200, 200, 8]
     assert [s[1].span_id for s in spans] == [10, 11, 2]  # forward, backward, the step
-    assert spans[0][4]["collective.gpu_duration_s"] == 300 / 1e9
-    assert "collective.gpu_duration_s" not in spans[1][4]
-    assert {s[4]["collective.source"] for s in spans} == {"nccl_profiler"}
+    assert spans[0][4]["training.collective.gpu_duration_s"] == 300 / 1e9
+    assert "training.collective.gpu_duration_s" not in spans[1][4]
+    assert {s[4]["training.collective.source"] for s in spans} == {"nccl_profiler"}
     made = list(spans)
     spans.clear()  # packed as the emitter sends them: the same spans
     nccl_rows.expand(spec, nccl_rows.pack(rows), span, lambda v, a, context=None: None,
@@ -417,7 +417,11 @@ assembly = SimpleNamespace(count_exposed=lambda info, comm, blocking: None,
 route = PluginRoute(plugin, True, ctx, assembly, StallWatch(0.05, log, "run"),
                     ReadAccount(emitter, 1.0), None)
 h = fake.start_coll(b"AllReduce", seq=1, count=256, channels=1)
-time.sleep(0.08)
+# in flight past the 50 ms timeout, by the plugin's own start time of it (not a fixed sleep)
+deadline = time.monotonic() + 30
+while time.perf_counter_ns() - plugin.in_flight()[1][3] <= route.stall.timeout_ns:
+    assert time.monotonic() < deadline, plugin.in_flight()
+    time.sleep(0.005)
 route.tick(time.perf_counter_ns())
 route.tick(time.perf_counter_ns())  # still in flight: flagged once
 assert len(errors) == 1 and len(route._stalled) == 1, (errors, route._stalled)

@@ -153,7 +153,7 @@ def test_recompile_storm_past_the_limit_is_a_warning_and_a_count(tmp_path):
     assert int(limit[-1]["asInt"]) == 1
     assert limit[-1]["attrs"][semconv.ATTR_COMPILE_FRAME] == hit[semconv.ATTR_COMPILE_FRAME]
     [warning] = [r for r in otlp_files.logs(run_dir)
-                 if r["body"].get("stringValue") == "otel_train.compile.recompile_limit"]
+                 if r["body"].get("stringValue") == semconv.LOG_COMPILE_RECOMPILE_LIMIT]
     assert warning["severityText"] == "WARNING"
     assert warning["traceId"] == compiles[-1]["traceId"]
     assert warning["attrs"][semconv.LOG_STEP] == 2

@@ -136,7 +136,7 @@ def _two_ranks(tmp_path: Path, batch_sizes: tuple[int, int]) -> Path:
 
 def _inconsistency(run_dir: Path) -> tuple[list[dict], dict[int, int]]:
     warnings = [r for r in otlp_files.logs(run_dir)
-                if r["body"].get("stringValue") == "otel_train.compile.inconsistent"]
+                if r["body"].get("stringValue") == semconv.LOG_COMPILE_INCONSISTENT]
     gauge: dict[int, int] = {}
     for point in otlp_files.metric_points(run_dir, semconv.METRIC_COMPILE_INCONSISTENT):
         rank = point["attrs"][semconv.ATTR_RANK]

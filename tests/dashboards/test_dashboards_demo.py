@@ -188,7 +188,7 @@ def test_step_time_exemplars_open_traces_the_run_exported(demo):
     )
     exemplar_traces = {e["labels"]["trace_id"] for series in found for e in series["exemplars"]}
     spans = [s for path in demo.run_dir.glob("traces*.jsonl") for s in read_spans(path)]
-    step_traces = {s["traceId"] for s in spans if s["name"] == "train.step"}
+    step_traces = {s["traceId"] for s in spans if s["name"] == "training.step"}
     assert exemplar_traces, "no exemplars on the step histogram"
     assert exemplar_traces <= step_traces
     # and the trace is the whole step: every rank's rank_step span is in it
@@ -196,6 +196,6 @@ def test_step_time_exemplars_open_traces_the_run_exported(demo):
     ranks = {
         s["attrs"]["training.rank"]
         for s in spans
-        if s["traceId"] == trace and s["name"] == "train.rank_step"
+        if s["traceId"] == trace and s["name"] == "training.rank_step"
     }
     assert ranks == set(range(RANKS))

@@ -35,17 +35,17 @@ def record_contract_metrics(endpoint: str) -> None:
     meter = provider.get_meter("otel_train")
     meter.create_gauge("training.comm.overlap", unit="1").set(0.8, ATTRS)
     meter.create_gauge("training.mfu", unit="1").set(0.4, ATTRS)
-    meter.create_gauge("training.memory.allocated.peak", unit="By").set(2**30, ATTRS)
+    meter.create_gauge("training.memory.peak.allocated", unit="By").set(2**30, ATTRS)
     meter.create_gauge("training.memory.reserved", unit="By").set(2**31, ATTRS)
     meter.create_counter("training.collective.size", unit="By").add(
-        2**20, {**ATTRS, "collective.op": "all_reduce"}
+        2**20, {**ATTRS, "training.collective.op": "all_reduce"}
     )
     meter.create_counter("training.cpu.throttled.time", unit="s").add(0.5, ATTRS)
     meter.create_counter("training.compile.recompiles").add(
-        1, {**ATTRS, "compile.reason": "guard_failed_shape"}
+        1, {**ATTRS, "training.compile.reason": "guard_failed_shape"}
     )
     meter.create_histogram("training.collective.duration", unit="s").record(
-        0.01, {**ATTRS, "collective.op": "all_reduce", "collective.backend": "gloo"}
+        0.01, {**ATTRS, "training.collective.op": "all_reduce", "training.collective.backend": "gloo"}
     )
     provider.force_flush()
     provider.shutdown()

@@ -192,7 +192,7 @@ def test_the_parsers_reject_broken_queries(promqlcheck, querycheck):
     broken = check(
         querycheck,
         [
-            {"id": "traceql", "lang": "traceql", "query": '{ name = = "train.step" }'},
+            {"id": "traceql", "lang": "traceql", "query": '{ name = = "training.step" }'},
             {"id": "logql", "lang": "logql", "query": '{service_name="x" | json'},
         ],
     )
@@ -384,17 +384,17 @@ def simulate_rank(
             durations.append(75.0)  # a stalled all_reduce in the last minute
         if op == "reduce_scatter" and rank == 2 and minutes_left < 5:
             durations += [15.0] * 30  # and slow reduce_scatters: p99 above 10 s
-        op_labels = f'{labels},collective_op="{op}",collective_backend="nccl"'
+        op_labels = f'{labels},training_collective_op="{op}",training_collective_backend="nccl"'
         f.histogram("training_collective_duration_seconds", op_labels, t, durations)
         f.counter(
             "training_collective_size_bytes",
-            f'{labels},collective_op="{op}"',
+            f'{labels},training_collective_op="{op}"',
             t,
             len(durations) * 64 * 2**20,
         )
     f.gauge("training_comm_overlap_ratio", labels, t, 0.3 if rank == 2 else 0.85)
     f.gauge("training_mfu_ratio", labels, t, 0.25 if rank == STRAGGLER else 0.42)
-    f.gauge("training_memory_allocated_peak_bytes", labels, t, (60 + rank) * 2**30)
+    f.gauge("training_memory_peak_allocated_bytes", labels, t, (60 + rank) * 2**30)
     f.gauge("training_memory_reserved_bytes", labels, t, (70 + rank) * 2**30)
     storm = rank == 0  # rank 0 recompiles every tick: a recompile storm
     f.histogram(
@@ -402,19 +402,19 @@ def simulate_rank(
     )
     f.counter(
         "training_compile_graph_breaks",
-        f'{labels},compile_reason="data_dependent_branch"',
+        f'{labels},training_compile_reason="data_dependent_branch"',
         t,
         1 if storm else 0,
     )
     f.counter(
         "training_compile_recompiles",
-        f'{labels},compile_reason="guard_failed_shape"',
+        f'{labels},training_compile_reason="guard_failed_shape"',
         t,
         2 if storm else 0,
     )
     f.counter(
         "training_compile_recompiles",
-        f'{labels},compile_reason="cache_size_limit"',
+        f'{labels},training_compile_reason="cache_size_limit"',
         t,
         1 if storm else 0,
     )
@@ -429,7 +429,7 @@ def simulate_rank(
                         ("host_busy", 0.3 if rank == STRAGGLER else 0.01)):
         f.counter("training_untimed_time_seconds", f'{labels},training_untimed_part="{part}"',
                   t, sum(steps) * share)
-    f.counter("otel_train_telemetry_dropped", f'{labels},signal="spans"', t, 3 if rank == 1 else 0)
+    f.counter("otel_train_telemetry_dropped", f'{labels},otel_train_signal="spans"', t, 3 if rank == 1 else 0)
 
 
 def write_test_series(end: float) -> str:

@@ -1,7 +1,7 @@
 """The first numbers a user reads add up (issue 51): on a real demo run (2 gloo ranks, FSDP2,
-torch.compile), every rank step's parts add up to its ``train.rank_step`` span and the
+torch.compile), every rank step's parts add up to its ``training.rank_step`` span and the
 counter of the parts to the step histogram's sum on every rank, and the demo's headline
-step per rank is the mean steady ``train.rank_step``, its columns adding up to it."""
+step per rank is the mean steady ``training.rank_step``, its columns adding up to it."""
 
 from __future__ import annotations
 

@@ -113,7 +113,7 @@ def _collector_has_the_run(collector: pf.Collector, run_id: str, steps: int) -> 
         metrics = pf.read_metric_names(collector.output_dir / "metrics.jsonl")
         return (got == set(range(steps))
                 and any(s["name"] == semconv.SPAN_RUN for s in spans)
-                and any(r["body"].get("stringValue") == "train.step.end" for r in logs)
+                and any(r["body"].get("stringValue") == "training.step.end" for r in logs)
                 and semconv.METRIC_STEP_DURATION in metrics)
 
     pf.wait_for(f"run {run_id}'s spans, logs and metrics in the collector's output", arrived,
@@ -299,7 +299,7 @@ def test_capture_logs_off_bridges_no_application_log_line(monkeypatch, tmp_path)
         training.train(model, opt, loader, log_after_step=True)
     records = otlp_files.logs(otlp_files.only_run_dir(tmp_path))
     bodies = [r["body"].get("stringValue", "") for r in records]
-    assert bodies.count("train.step.end") == 4
+    assert bodies.count("training.step.end") == 4
     leaked = [b for b in bodies if b == "inside forward" or b.startswith("after step")
               or b == "structlog after step"]
     assert leaked == []

@@ -48,7 +48,13 @@ with otel_train.instrument(model, optimizer=opt, output_dir=out) as inst:
         opt.zero_grad()
         torch.cuda.synchronize()
         time.sleep(0.1)  # ~500 collectives a second over ~4 s: several reads see the rate
-    time.sleep(2.0)  # let the watchdog retire the last entries before the final read
+    # the watchdog retires the last entries (their GPU times) before the final read
+    from torch._C import _distributed_c10d as c10d
+    deadline = time.monotonic() + 30
+    while not all(e.get("retired") for e in json.loads(c10d._dump_nccl_trace_json(
+            includeCollectives=True, onlyActive=False)).get("entries") or []):
+        assert time.monotonic() < deadline, "the watchdog did not retire the last entries"
+        time.sleep(0.05)
 dist.destroy_process_group()
 print(json.dumps({"interval_s": ledger.shortest_interval_s, "lost": ledger.lost,
                   "reads": ledger.reads, "read_s": ledger.read_s}))

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
+from support.waits import emitter_passes
 
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_training  # noqa: E402
@@ -40,11 +40,11 @@ def _errors_under_sync_error_mode(tmp_path: Path) -> dict[str, int]:
     gpu_training.train(model, opt, data, 2)
     torch.cuda.synchronize()
     before = internal_errors.snapshot()
-    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, **SETTINGS):
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, **SETTINGS) as inst:
         torch.cuda.set_sync_debug_mode("error")
         try:
             gpu_training.train(model, opt, data, 8)
-            time.sleep(0.2)  # the emitter resolves events meanwhile, under the same mode
+            emitter_passes(inst, 2)  # the emitter resolves the events, under the same mode
         finally:
             torch.cuda.set_sync_debug_mode(0)
     after = internal_errors.snapshot()
@@ -76,11 +76,12 @@ def _sync_calls(trace: Path) -> Counter[str]:
                    if e.get("cat") == "cuda_runtime" and e.get("name") in SYNC_CALLS)
 
 
-def _profiled(model, opt, data, path: Path) -> Counter[str]:
+def _profiled(model, opt, data, path: Path, inst=None) -> Counter[str]:
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                             torch.profiler.ProfilerActivity.CUDA]) as prof:
         gpu_training.train(model, opt, data, 8)
-        time.sleep(0.3)  # let the emitter pump (resolve events, read stats) inside the trace
+        if inst is not None:  # the emitter pumps (resolves events, reads stats) in the trace
+            emitter_passes(inst, 2)
     prof.export_chrome_trace(str(path))
     return _sync_calls(path)
 
@@ -93,7 +94,7 @@ def test_sync_calls_in_a_profiler_trace_are_the_same_bare_and_instrumented(tmp_p
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path / "runs",
                                **SETTINGS) as inst:
         gpu_training.train(model, opt, data, 3)
-        instrumented = _profiled(model, opt, data, tmp_path / "instrumented.json")
+        instrumented = _profiled(model, opt, data, tmp_path / "instrumented.json", inst)
         source = next(s for s in inst._sources if type(s).__name__ == "CudaTimingSource")
     print("sync calls: bare", dict(bare), "instrumented", dict(instrumented))
     assert instrumented == bare

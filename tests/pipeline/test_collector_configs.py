@@ -277,7 +277,7 @@ def test_local_pipeline_writes_traces_and_logs_and_serves_exemplars(tmp_path):
     now = time.time_ns()
     with running_collector(CONFIGS_DIR / "local.yaml", tmp_path,
                            extra_env={"DEPLOYMENT_ENVIRONMENT": "ci"}) as col:
-        body = otlp_spans(TRACE_ID, [span("train.step", TRACE_ID, "00f067aa0ba902b7", now, 50,
+        body = otlp_spans(TRACE_ID, [span("training.step", TRACE_ID, "00f067aa0ba902b7", now, 50,
                                           attrs={"training.step": 3})])
         assert http_post_json(f"{col.otlp_http}/v1/traces", body) == 200
         logs = {"resourceLogs": [{"resource": _resource(0), "scopeLogs": [{"logRecords": [{
@@ -316,7 +316,7 @@ def test_local_collector_survives_a_kill_and_restart_on_the_same_ports(tmp_path)
         col.kill()
         assert not col.process.alive()
         col.restart()
-        body = otlp_spans(TRACE_ID, [span("train.step", TRACE_ID, "00f067aa0ba902b8",
+        body = otlp_spans(TRACE_ID, [span("training.step", TRACE_ID, "00f067aa0ba902b8",
                                           time.time_ns(), 10)])
         assert http_post_json(f"{col.otlp_http}/v1/traces", body) == 200
         wait_for("the span after the restart",
@@ -351,8 +351,8 @@ def test_gateway_keeps_slow_failed_and_stalled_steps_and_drops_the_rest(tmp_path
 
             def step(kind: str, duration_ms: float, **kw: object) -> list[dict]:
                 tid = ids[kind]
-                root = span("train.step", tid, "a" * 16, now, duration_ms)
-                child = span("train.collective", tid, "b" * 16, now, min(duration_ms, 5),
+                root = span("training.step", tid, "a" * 16, now, duration_ms)
+                child = span("training.collective", tid, "b" * 16, now, min(duration_ms, 5),
                              parent="a" * 16, **kw)
                 return [root, child]
 
@@ -362,9 +362,9 @@ def test_gateway_keeps_slow_failed_and_stalled_steps_and_drops_the_rest(tmp_path
                 step("fast", 20),
                 step("slow", 1500),
                 step("error", 20, error=True),
-                step("stalled_event", 20, events=[{"name": "collective.stalled",
+                step("stalled_event", 20, events=[{"name": "training.collective.stalled",
                                                    "timeUnixNano": str(now)}]),
-                step("stalled_attr", 20, attrs={"collective.stalled": True}),
+                step("stalled_attr", 20, attrs={"training.collective.stalled": True}),
             ]
             for spans in batches:
                 assert http_post_json(f"{gateway.otlp_http}/v1/traces",
@@ -438,7 +438,7 @@ def test_gateway_delivers_logs_over_otlp_http_and_metrics_by_remote_write(tmp_pa
 
 
 def send_steps_with_the_sdk(otlp_http: str, steps: int) -> set[tuple[str, str]]:
-    """`steps` traces (a train.step with two children) through the SDK's OTLP/HTTP exporter.
+    """`steps` traces (a training.step with two children) through the SDK's OTLP/HTTP exporter.
 
     Returns every span as (trace id, span id), hex as in OTLP JSON."""
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -453,9 +453,9 @@ def send_steps_with_the_sdk(otlp_http: str, steps: int) -> set[tuple[str, str]]:
     tracer = provider.get_tracer("otel_train")
     sent = set()
     for step in range(steps):
-        with tracer.start_as_current_span("train.step", attributes={"training.step": step}) as root:
+        with tracer.start_as_current_span("training.step", attributes={"training.step": step}) as root:
             spans = [root]
-            for phase in ("train.forward", "train.backward"):
+            for phase in ("training.forward", "training.backward"):
                 with tracer.start_as_current_span(phase) as child:
                     spans.append(child)
         sent |= {(f"{s.get_span_context().trace_id:032x}", f"{s.get_span_context().span_id:016x}")

@@ -4,7 +4,7 @@ code, a slow ``__getitem__`` found in the data wait, and what the report cannot 
 Real runs: two gloo ranks under DDP where rank 1 computes for ~0.3 s between forward and
 backward in some steps and rank 0's dataset is slow for one batch; one process whose slow
 batch comes from a DataLoader worker; one with sampling off. Checked from the exported spans
-(the ``training.gap`` / ``training.data_wait`` events of ``train.rank_step``) and from
+(the ``training.gap`` / ``training.data_wait`` events of ``training.rank_step``) and from
 ``otel-train report --json``.
 """
 

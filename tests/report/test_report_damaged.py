@@ -114,7 +114,7 @@ def test_a_phase_span_of_the_wrong_type_damages_its_line_in_pass_two(
     for number, line in enumerate(lines, 1):
         request = json.loads(line)
         forward = [span for rs in request["resourceSpans"] for ss in rs["scopeSpans"]
-                   for span in ss["spans"] if span["name"] == "train.forward"]
+                   for span in ss["spans"] if span["name"] == "training.forward"]
         for span in forward:
             for attribute in span["attributes"]:
                 if attribute["key"] == "training.rank":

@@ -89,7 +89,7 @@ def hang_run(late_on_host: bool) -> tuple[StepTable, dict[int, float], GpuInterv
             gpu_s = 2.05 if waits else 0.05
             rows.append((rank, step, step, issued, t + 0.1 + (2.0 if step == 3 else 0.0),
                          gpu_s))
-    durations = {s: 2.2 if s == 4 else STEP_S for s in range(6)}  # rank 0's train.step spans
+    durations = {s: 2.2 if s == 4 else STEP_S for s in range(6)}  # rank 0's training.step spans
     return table, durations, collectives(rows)
 
 

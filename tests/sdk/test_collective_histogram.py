@@ -22,8 +22,8 @@ from otel_train.wire import collectives as collective_rows
 BOUNDS = semconv.METRICS[semconv.METRIC_COLLECTIVE_DURATION].buckets
 # values on bucket boundaries (upper bounds are inclusive), between them, under and above
 VALUES = [0.0, 1e-6, BOUNDS[0], BOUNDS[0] * 1.01, BOUNDS[3], 0.3, BOUNDS[-1], 1e3, 0.3]
-ATTRS = [{"training.rank": 0, "collective.op": "all_gather", "collective.backend": "nccl"},
-         {"training.rank": 0, "collective.op": "reduce_scatter", "collective.backend": "nccl"}]
+ATTRS = [{"training.rank": 0, "training.collective.op": "all_gather", "training.collective.backend": "nccl"},
+         {"training.rank": 0, "training.collective.op": "reduce_scatter", "training.collective.backend": "nccl"}]
 
 
 def _ctx(trace_id: int, span_id: int, sampled: bool = True):

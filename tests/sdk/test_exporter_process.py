@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from support import otlp_files, training
+from support.waits import emitter_passes
 
 import otel_train
 from otel_train import semconv
@@ -118,7 +119,7 @@ def _kill_exporter(inst, model, opt, batches) -> None:
     pipeline = inst._pipeline
     pid, losses = pipeline.pid, pipeline.losses
     replaced = pipeline.restarts < remote.MAX_RESTARTS  # before the loss: it takes a restart
-    time.sleep(0.3)  # several drains (emit_interval_s) have reached it
+    emitter_passes(inst, 3)  # several drains have reached it: what the steps recorded too
     os.kill(pid, signal.SIGKILL)
     assert _wait_gone(pid, 5.0)
     training.one_step(model, opt, next(batches))
@@ -187,16 +188,17 @@ def test_an_exporter_that_cannot_start_leaves_export_in_process(tmp_path, monkey
 
 
 _SIGKILLED_TRAINER = textwrap.dedent("""
-    import os, signal, sys, time
+    import os, signal, sys
     import otel_train
     from support import training
+    from support.waits import emitter_passes
     model, opt, loader = training.setup(batches=1000)
     with otel_train.instrument(model, output_dir=sys.argv[1], emit_interval_s=0.05) as inst:
         print(inst._pipeline.pid, flush=True)
         for i, batch in enumerate(loader):
             training.one_step(model, opt, batch)
             if i == 5:
-                time.sleep(0.5)  # ten drains (emit_interval_s) have reached the exporter
+                emitter_passes(inst, 3)  # drains with steps 0-4 have reached the exporter
                 os.kill(os.getpid(), signal.SIGKILL)
 """)
 

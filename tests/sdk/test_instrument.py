@@ -157,7 +157,7 @@ def test_log_lines_carry_the_ids_of_the_span_they_were_written_in(tmp_path, capl
     # the stdlib records themselves were stamped too, for the application's own formatters
     stamped = [r for r in caplog.records if r.getMessage() == "inside forward"]
     assert stamped and all(len(r.trace_id) == 32 and len(r.span_id) == 16 for r in stamped)
-    step_logs = [r for r in records if r["body"]["stringValue"] == "train.step.end"]
+    step_logs = [r for r in records if r["body"]["stringValue"] == "training.step.end"]
     assert len(step_logs) == 4
     assert all(r["attrs"][semconv.LOG_PHASE] == "step" and r["attrs"][semconv.LOG_DURATION] > 0
                for r in step_logs)

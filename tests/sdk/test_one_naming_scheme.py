@@ -55,7 +55,7 @@ def test_every_log_record_carries_run_rank_and_step_under_the_span_attribute_nam
         assert attrs[semconv.ATTR_RANK] == 0, record
         assert isinstance(attrs[semconv.ATTR_STEP], int), record
         assert not set(BARE) & set(attrs), (record["body"], sorted(attrs))
-    steps = [r for r in records if r["body"]["stringValue"] == "train.step.end"]
+    steps = [r for r in records if r["body"]["stringValue"] == "training.step.end"]
     assert sorted(r["attrs"][semconv.ATTR_STEP] for r in steps) == [0, 1, 2, 3]
     for record in steps:  # a timed event: phase, duration and phase totals in seconds
         attrs = record["attrs"]
@@ -72,7 +72,7 @@ def test_a_user_record_is_under_its_logger_s_scope(run_dir):
     assert scopes["structlog, named"] == ("myapp.eval", None)
     assert scopes["structlog, unnamed"] == (semconv.SCOPE_USER_LOGS, None)
     # otel-train's own records: its scope, its version
-    for body in ("otel_train.start", "otel_train.stop", "train.step.end"):
+    for body in ("otel_train.start", "otel_train.stop", "training.step.end"):
         assert scopes[body] == (semconv.SCOPE_NAME, otel_train.__version__), body
 
 
@@ -139,8 +139,81 @@ def test_check_reads_the_log_fields_under_each_of_their_names(names):
     elif names == "before 0.2.0":
         fields = {semconv.LOG_LEGACY_NAMES[k]: v for k, v in fields.items()}
     logs = LogEvidence()
-    logs.add("ab" * 16, "cd" * 8, fields, "train.step.end")
+    logs.add("ab" * 16, "cd" * 8, fields, "training.step.end")
     logs.add("ab" * 16, "cd" * 8, {}, "a record with none")
     assert dict(logs.missing) == {semconv.LOG_RUN_ID: 1, semconv.LOG_RANK: 1,
                                   semconv.LOG_STEP: 1}
     assert (logs.timed, logs.timed_without_duration) == (1, 0)
+
+
+# --- one scheme: training., otel_train., or OpenTelemetry's own (issue 54, item 1) ----------
+#: OpenTelemetry's semantic-convention namespaces otel-train uses
+OTEL_NAMESPACES = ("service.", "host.", "process.", "k8s.", "code.", "exception.")
+#: the kinds of name semconv defines, by constant prefix
+NAME_KINDS = ("SPAN_", "ATTR_", "RES_", "EVENT_", "LOG_", "METRIC_")
+
+
+def _names() -> dict[str, str]:
+    """Every dotted name of the contract that semconv defines: constant -> name."""
+    return {k: v for k, v in vars(semconv).items()
+            if k.startswith(NAME_KINDS) and isinstance(v, str) and "." in v
+            and not v.endswith(".jsonl")}
+
+
+def _off_scheme(names: dict[str, str]) -> list[str]:
+    return sorted(f"{k}={v}" for k, v in names.items()
+                  if not v.startswith(("training.", "otel_train.", *OTEL_NAMESPACES)))
+
+
+def test_every_name_is_under_training_otel_train_or_an_opentelemetry_convention():
+    names = _names()
+    assert len(names) > 150
+    assert _off_scheme(names) == []
+    # the tool's own health under otel_train., everything else about the training
+    health = {v for v in names.values() if v.startswith("otel_train.")}
+    assert health == {semconv.METRIC_TELEMETRY_DROPPED, semconv.METRIC_INTERNAL_ERRORS,
+                      semconv.ATTR_SIGNAL, semconv.ATTR_COMPONENT, semconv.LOG_START,
+                      semconv.LOG_STOP}, sorted(health)
+
+
+def test_the_old_names_would_be_found_off_the_scheme():
+    """The check above, shown to fail on the names before 0.3.0."""
+    old = {f"OLD_{i}": name for i, name in enumerate(semconv.LEGACY_NAMES)}
+    off = _off_scheme(old)
+    assert "OLD_0=train.run" in off and any(o.endswith("=collective.op") for o in off)
+    assert any(o.endswith("=signal") for o in off)
+
+
+def test_no_bare_names():
+    """Attributes without a namespace (``signal``, ``component`` before 0.3.0)."""
+    bare = sorted(k for k, v in vars(semconv).items()
+                  if k.startswith(("ATTR_", "RES_", "EVENT_", "METRIC_", "SPAN_"))
+                  and isinstance(v, str) and v and "." not in v)
+    assert bare == []
+
+
+def test_no_metric_name_is_the_namespace_of_another():
+    names = set(semconv.METRICS)
+    clashes = sorted((a, b) for a in names for b in names if b.startswith(a + "."))
+    assert clashes == []
+    # shown to fail on the gauge this change renamed
+    old = names | {"training.memory.allocated.peak"}
+    assert [b for b in old if b.startswith(semconv.METRIC_MEMORY_ALLOCATED + ".")] == \
+        ["training.memory.allocated.peak"]
+
+
+def test_every_legacy_name_maps_to_a_name_of_the_contract():
+    contract = set(_names().values()) | {semconv.ATTR_SIGNAL, semconv.ATTR_COMPONENT}
+    assert {new for new in semconv.LEGACY_NAMES.values()} <= contract
+    assert not set(semconv.LEGACY_NAMES) & contract  # no old name is still in use
+
+
+def test_otel_train_s_own_records_name_their_event(run_dir):
+    records = otlp_files.logs(run_dir)
+    own = [r for r in records if r["scope"].get("name") == semconv.SCOPE_NAME]
+    assert {r["body"]["stringValue"] for r in own} >= {
+        semconv.LOG_START, semconv.LOG_STOP, semconv.LOG_STEP_END}
+    for record in own:
+        assert record.get("eventName") == record["body"]["stringValue"], record
+    users = [r for r in records if r["scope"].get("name") != semconv.SCOPE_NAME]
+    assert users and all(not r.get("eventName") for r in users)

@@ -91,7 +91,7 @@ def test_console_and_unknown_signal_exporters(tmp_path, monkeypatch, capfd):
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "zipkin")  # names no metric exporter we build
     _, messages = _run(tmp_path)
     out = capfd.readouterr().out
-    assert '"train.step.end"' in out or "train.step.end" in out  # log records on stdout
+    assert '"training.step.end"' in out or "training.step.end" in out  # log records on stdout
     run_dir = otlp_files.only_run_dir(tmp_path)
     assert not otlp_files.logs(run_dir)  # replaced, not added to
     assert otlp_files.metric_points(run_dir, semconv.METRIC_STEP_DURATION)  # default kept

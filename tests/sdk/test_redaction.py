@@ -271,7 +271,7 @@ def test_nothing_secret_in_any_exported_byte(tmp_path) -> None:
     assert connecting["attrs"]["eos_token_id"] == 50256
     assert connecting["attrs"]["db"] == "{'host': 'db', 'password': '[REDACTED]'}"
     assert any(r["body"]["stringValue"] == "pad token: 50256" for r in records)
-    run = next(sp for sp in otlp_files.spans(run_dir) if sp["name"] == "train.run")
+    run = next(sp for sp in otlp_files.spans(run_dir) if sp["name"] == "training.run")
     assert "giving up on password=[REDACTED]" in json.dumps(run)  # scrubbed, not dropped
 
 

@@ -5,8 +5,10 @@ emitter sleeps: tests/collectives/test_collectives.py.)"""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -41,17 +43,104 @@ def _model() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
+class _SlowForward(torch.nn.Linear):
+    """A forward that takes ``forward_s`` (asleep inside the forward phase): steps long enough
+    that a loaded machine's jitter (a few tens of ms) stays well inside OVERRUN (1.5) times
+    their length, with nothing in them for the sampler."""
+
+    def __init__(self, forward_s: float) -> None:
+        super().__init__(4, 1)
+        self.forward_s = forward_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.forward_s)
+        return super().forward(x)
+
+
+def _slow_model(forward_s: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = _SlowForward(forward_s)
+    return model, torch.optim.SGD(model.parameters(), lr=1e-3)
+
+
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
     model(x).sum().backward()
     opt.step()
     opt.zero_grad()
 
 
+#: a window of steps is steady when its longest step, as timed by the test, is under this many
+#: times their median (the sampler's OVERRUN is 1.5)
+STEADY = 1.35
+
+
+def _steady_window(inst: Any, step: Callable[[], float | None], seconds: float,
+                   idle_limit_s: float | None = None, drift: float | None = None,
+                   within_s: float = 150.0) -> dict[str, Any]:
+    """The gap sampler's wake-ups a second, and how its counters rose, over ``seconds`` of
+    ``step`` (which returns the seconds it spent outside every phase, where it has such a
+    part): from the first window whose steps kept their length, every one of them (and of
+    the half second before the window) under STEADY times their median, outside every
+    phase under ``idle_limit_s`` (shorter than SAMPLE_AGE_S: nothing to sample), and, with
+    ``drift``, their mean within that fraction of their median (the sampler aims its looks
+    whole typical lengths ahead: steps longer than typical on average move the stretch away
+    from where a look a second ahead lands).
+
+    A loaded machine stretches a step now and then, for real: the sampler rightly chases it
+    (and the alarm rings for it), which says nothing of its schedule on steady steps. Such a
+    window is told apart (timed here, not by the sampler) and measured again, until
+    ``within_s``; ``tries`` says how many windows it took."""
+    gaps = _gap_source(inst)
+    give_up = time.monotonic() + within_s
+    tries = 0
+    while True:
+        tries += 1
+        lengths: list[float] = []
+        idles: list[float] = []
+        lead_until = time.monotonic() + 0.5  # what a step before the window set off ends
+        before: tuple[int, ...] = ()
+        start = first = 0
+        while True:
+            now = time.monotonic()
+            if not before and now >= lead_until:
+                before = (gaps.wakeups, gaps.alarms, gaps.stretch_looks, gaps.overrun_looks)
+                start, first = now, inst.tracker.step
+            if before and now - start >= seconds:
+                break
+            began = time.perf_counter()
+            idles.append(step() or 0.0)
+            lengths.append(time.perf_counter() - began)
+        elapsed = time.monotonic() - start
+        after = (gaps.wakeups, gaps.alarms, gaps.stretch_looks, gaps.overrun_looks)
+        typical, mean = statistics.median(lengths), statistics.fmean(lengths)
+        if (max(lengths) < STEADY * typical
+                and (idle_limit_s is None or max(idles) < idle_limit_s)
+                and (drift is None or mean < (1 + drift) * typical)):
+            wakeups, alarms, stretch_looks, overrun_looks = (
+                a - b for a, b in zip(after, before))
+            return {"rate": wakeups / elapsed, "wakeups": wakeups, "alarms": alarms,
+                    "stretch_looks": stretch_looks, "overrun_looks": overrun_looks,
+                    "first": first, "last": inst.tracker.step, "tries": tries,
+                    "step_ms": round(typical * 1e3, 1), "mean_ms": round(mean * 1e3, 1),
+                    "max_ms": round(max(lengths) * 1e3, 1)}
+        assert time.monotonic() < give_up, (
+            f"no {seconds} s of steady steps in {within_s} s ({tries} windows); the last: "
+            f"longest step {max(lengths) * 1e3:.0f} ms, median {typical * 1e3:.1f} ms, "
+            f"mean {mean * 1e3:.1f} ms, longest idle {max(idles) * 1e3:.0f} ms")
+
+
 def _rank_steps(run_dir) -> list[dict]:
     return [s for s in otlp_files.spans(run_dir) if s["name"] == semconv.SPAN_RANK_STEP]
 
 
-def test_a_filling_buffer_wakes_the_sleeping_emitter_and_nothing_is_dropped(tmp_path):
+def test_a_filling_buffer_wakes_the_sleeping_emitter_and_nothing_is_dropped(tmp_path,
+                                                                            monkeypatch):
+    # the burst's spans all wait in the exporter's queue at once where a loaded machine runs
+    # its export thread late, and its flush at exit takes longer than the default bound
+    # (seen: 410 of 2000 steps kept): neither is under test here
+    monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "65536")
+    monkeypatch.setenv("OTEL_BLRP_MAX_QUEUE_SIZE", "65536")
+    monkeypatch.setenv("OTEL_TRAIN_SHUTDOWN_TIMEOUT_S", "120")  # nor is the flush's bound
     model, opt = _model()
     x = torch.randn(2, 4)
     steps = 2000  # four records a step: 8000, twice the buffer
@@ -62,6 +151,7 @@ def test_a_filling_buffer_wakes_the_sleeping_emitter_and_nothing_is_dropped(tmp_
         woke = inst.emitter.wakeups  # before the exit's final drain
         dropped = sum(inst.recorder.dropped.values())
     assert dropped == 0
+    assert sum(inst.telemetry["dropped"].values()) == 0, inst.telemetry
     assert woke >= 1  # a 600 s interval: only the filling buffer woke it
     assert len(_rank_steps(tmp_path / "burst")) == steps
 
@@ -101,47 +191,54 @@ def slow_stretch_split(seconds: float) -> None:
 
 def _stretched_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
                     idle_s: float = 0.0, stretch_s: float = 0.0,
-                    stretch: Callable[[float], None] = slow_stretch) -> None:
+                    stretch: Callable[[float], None] = slow_stretch) -> float:
     """A step: a forward, ``idle_s`` inside no phase, the loss's forward, ``stretch_s`` of
-    host work between forward and backward, the backward and the optimizer's step."""
+    host work between forward and backward, the backward and the optimizer's step; how long
+    the idle part took."""
     with torch.no_grad():
         model(x)
+    idle = time.perf_counter()
     if idle_s:
         time.sleep(idle_s)
+    idle = time.perf_counter() - idle
     loss = model(x).sum()
     if stretch_s:
         stretch(stretch_s)
     loss.backward()
     opt.step()
     opt.zero_grad()
+    return idle
 
 
 def test_the_sleeping_gap_sampler_names_a_slow_stretch_to_its_line(tmp_path):
-    model, opt = _model()
+    model, opt = _slow_model(0.03)  # ~0.1 s steps: 60 ms in the phases, 20 ms outside them
     x = torch.randn(2, 4)
+
+    def step() -> float:
+        with torch.no_grad():
+            model(x)  # a forward
+        idle = time.perf_counter()
+        time.sleep(0.02)  # inside no phase, but shorter than SAMPLE_AGE_S
+        idle = time.perf_counter() - idle
+        _step(model, opt, x)
+        return idle
+
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="gaps") as inst:
         gaps = next(s for s in inst._sources if type(s).__name__ == "GapSource")
         deadline = time.monotonic() + 30
-        # steps of ~20 ms until the sampler knows their typical length and has slept past
-        # its fast start (nothing sampled: it lands once a gap_sample_s, 200 ms)
+        # steps until the sampler knows their typical length and has slept past its fast
+        # start (nothing sampled: it lands once a gap_sample_s, 200 ms)
         while gaps.typical_ns() is None or gaps.wakeups < 6:
-            time.sleep(0.02)  # inside no phase, but shorter than SAMPLE_AGE_S
-            _step(model, opt, x)
+            step()
             assert time.monotonic() < deadline
-        steady_from, steady_wakeups = time.monotonic(), gaps.wakeups
-        for _ in range(100):
-            with torch.no_grad():
-                model(x)  # a forward: ~20 ms steps in the phases
-            time.sleep(0.02)
-            _step(model, opt, x)
-        steady_rate = (gaps.wakeups - steady_wakeups) / (time.monotonic() - steady_from)
+        steady = _steady_window(inst, step, 3.0, idle_limit_s=0.045)
         model(x).sum().backward()
         slow_stretch(1.5)  # longer than gap_sample_s (200 ms): always found
         opt.step()
         opt.zero_grad()
         _step(model, opt, x)
-    # on steps shorter than gap_sample_s: at most once a gap_sample_s (not 20 a second)
-    assert steady_rate <= 1 / inst.config.gap_sample_s + 0.5, steady_rate
+    # on steps shorter than gap_sample_s: at most once a gap_sample_s (not once a step)
+    assert steady["rate"] <= 1 / inst.config.gap_sample_s + 0.5, steady
     events = [otlp_files.attrs(e) for s in _rank_steps(tmp_path / "gaps")
               for e in s.get("events", []) if e["name"] == semconv.EVENT_GAP]
     gap = max(events, key=lambda e: e[semconv.ATTR_GAP_DURATION])
@@ -246,16 +343,10 @@ def test_a_stretch_that_comes_back_every_step_is_aimed_at_not_chased(tmp_path, b
             assert time.monotonic() < deadline
         for _ in range(5):
             step()
-        start, woke, sampled = time.monotonic(), gaps.wakeups, gaps.stretch_looks
-        first = inst.tracker.step
-        for _ in range(60):
-            step()
-        elapsed = time.monotonic() - start
-        wakeups, stretch_looks = gaps.wakeups - woke, gaps.stretch_looks - sampled
-        last = inst.tracker.step
-    rate = wakeups / elapsed
-    assert rate <= 1 / inst.config.gap_sample_s + 1.0, (rate, wakeups, elapsed)
-    assert stretch_looks >= 0.6 * wakeups, (stretch_looks, wakeups)
+        steady = _steady_window(inst, step, 6.0, drift=0.02)  # ~60 steps
+        first, last = steady["first"], steady["last"]
+    assert steady["rate"] <= 1 / inst.config.gap_sample_s + 1.0, steady
+    assert steady["stretch_looks"] >= 0.6 * steady["wakeups"], steady
     located = 0
     for s in _rank_steps(tmp_path / run_id):
         if not first <= int(s["attrs"][semconv.ATTR_STEP]) < last:
@@ -277,7 +368,7 @@ def test_the_stack_walk_caches_code_kinds_by_identity_and_keeps_its_stops(monkey
     ends the walk, so a batch's wait is never named by the loop's ``for`` line."""
     import sys
 
-    from otel_train.sources import gaps
+    from otel_train.sources.gaps import frames as gaps
 
     def inner() -> list:  # (function, file) of each user frame
         return [f[:2] for f in gaps.user_frames(sys._getframe(), kinds)]
@@ -331,11 +422,11 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
     gap_sample_s, before the alarm), none rung by the alarm. A 0.4 s host stretch that
     begins just after a look, a second before the next, rings the alarm where its step
     passes 1.5x its typical length, and is named to its line."""
-    model, opt = _model()
+    model, opt = _slow_model(0.04)  # two forwards: ~0.1 s steps, 12 ms of it outside them
     x = torch.randn(2, 4)
 
-    def step(stretch_s: float = 0.0) -> None:
-        _stretched_step(model, opt, x, idle_s=0.012, stretch_s=stretch_s)  # ~13 ms steps
+    def step(stretch_s: float = 0.0) -> float:
+        return _stretched_step(model, opt, x, idle_s=0.012, stretch_s=stretch_s)
 
     with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="alarm") as inst:
         gaps = _gap_source(inst)
@@ -344,11 +435,9 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
         while gaps._alarm_after == 0 or gaps.wakeups < 8:  # typical length known, settled
             step()
             assert time.monotonic() < deadline
-        start, woke, rang = time.monotonic(), gaps.wakeups, gaps.alarms
-        while time.monotonic() - start < 4.0:
-            step()
-        rate = (gaps.wakeups - woke) / (time.monotonic() - start)
-        steady_alarms = gaps.alarms - rang
+        steady = _steady_window(inst, step, 4.0, idle_limit_s=0.045)
+        rate, steady_alarms = steady["rate"], steady["alarms"]
+        deadline = time.monotonic() + 30
         woke = gaps.wakeups
         while gaps.wakeups == woke:  # right after a look: the next of its own is 1 s away
             step()
@@ -358,8 +447,8 @@ def test_steady_steps_cost_a_look_a_second_and_an_overrun_rings_the_alarm(tmp_pa
         step(0.4)
         step()
         alarms = gaps.alarms - rang
-    assert rate <= 1.5, rate  # about one a second (ALARM_FLOOR_S)
-    assert steady_alarms <= 1, steady_alarms
+    assert rate <= 1.5, steady  # about one a second (ALARM_FLOOR_S)
+    assert steady_alarms <= 1, steady
     assert alarms >= 1, alarms
     # the stretch's own segment: a loaded machine can stall the loop elsewhere as well (a
     # 0.41 s pause in the 12 ms sleep between the forwards was seen once in CI)
@@ -397,14 +486,10 @@ def test_a_recurring_stretch_once_located_costs_a_look_a_second_and_is_named_in_
         while gaps._aim_same < gap_sampler.AIM_SETTLED:
             step()
             assert time.monotonic() < deadline
-        start, woke, first = time.monotonic(), gaps.wakeups, inst.tracker.step
-        while time.monotonic() - start < 4.0:
-            step()
-        rate = (gaps.wakeups - woke) / (time.monotonic() - start)
-        last = inst.tracker.step
-    # about one a second (ALARM_FLOOR_S); the alarm's rings are shown: a step of a loaded
-    # machine may overrun for real
-    assert rate <= 1.5, (rate, gaps.alarms, gaps._aim_same)
+        steady = _steady_window(inst, step, 4.0, drift=0.02)
+        first, last = steady["first"], steady["last"]
+    # about one a second (ALARM_FLOOR_S)
+    assert steady["rate"] <= 1.5, (steady, gaps._aim_same)
     own = carried = 0
     for s in _rank_steps(tmp_path / "settled"):
         number = int(s["attrs"][semconv.ATTR_STEP])

@@ -5,6 +5,8 @@ Imported as ``from support import otlp_files`` (``tests/`` is on ``sys.path``: p
 which set it to the repository root and ``tests/``).
 
 - ``binaries``: the external binaries a test needs (skip locally, fail in CI)
+- ``waits``: waits on a condition with a deadline (``wait_for``), and on the emitter's
+  passes (``emitter_passes``): never a fixed delay, which a loaded machine outlasts
 - ``otlp_files``: OTLP JSON lines read back, over the package's own reader
 - ``training``: the small models and loops the tests train
 - ``torchrun_train``, ``sigkill_train``, ``sigterm_train``: scripts started by path

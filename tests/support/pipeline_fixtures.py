@@ -15,19 +15,17 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from support import REPO_ROOT, otlp_files
 from support.binaries import require_binary
-
-T = TypeVar("T")
+from support.waits import wait_for
 
 COLLECTOR_DIR = REPO_ROOT / "collector"
 CONFIGS_DIR = COLLECTOR_DIR / "configs"
@@ -76,25 +74,6 @@ def adjacent_free_ports() -> int:
                 continue
         return port
     raise AssertionError("no two adjacent free ports")
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float,
-             interval: float = 0.2, on_timeout: Callable[[], str] | None = None) -> T:
-    """Poll ``probe`` until it returns something truthy; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = probe()
-        except Exception as exc:  # a server not up yet: keep polling
-            last = exc
-        if last and not isinstance(last, Exception):
-            return last
-        if time.monotonic() > deadline:
-            extra = on_timeout() if on_timeout else ""
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} "
-                                 f"(last: {last!r}){extra}")
-        time.sleep(interval)
 
 
 def http_get(url: str, accept: str | None = None, timeout: float = 5.0) -> tuple[int, str]:

@@ -1,5 +1,5 @@
 """What every run must show of one account of a step's time (issue 51): each
-``train.rank_step``'s parts add up to the span, and the parts' counter to the step
+``training.rank_step``'s parts add up to the span, and the parts' counter to the step
 histogram's sum on every rank. Used by the demo's, the gloo and the NCCL GPU tests."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from support import otlp_files
 
 
 def rank_steps(run_dir: Path) -> list[dict]:
-    """Every train.rank_step span: rank, step, duration and parts (seconds)."""
+    """Every training.rank_step span: rank, step, duration and parts (seconds)."""
     out = []
     for span in otlp_files.spans(run_dir):
         if span["name"] != sc.SPAN_RANK_STEP:

@@ -11,7 +11,7 @@
 #                         annotation otel-train.io/traceparent; empty otherwise
 # Exports, before exec (torchrun passes its environment to every rank it starts):
 #   TRACEPARENT   the submitter's context, else one derived from the job id alone (sha256: trace
-#                 id, span id, sampled), so every rank of every pod parents its train.run span
+#                 id, span id, sampled), so every rank of every pod parents its training.run span
 #                 to the same launcher span without talking to the others
 #   PET_RDZV_ID   torchrun's --rdzv-id (unless already set): torchrun hands it to every rank as
 #                 TORCHELASTIC_RUN_ID, which otel-train takes as the run id (no broadcast)

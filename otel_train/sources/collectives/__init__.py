@@ -7,7 +7,8 @@ pending collectives are kept by key until their completion record arrives, each 
 takes the collectives issued before its end (phase by time on the perf_counter clock: the
 phase whose interval holds the issue time; async ones may complete later and are emitted
 then), and every tick polls Works without a future, reads NCCL's records (the profiler
-plugin's or the flight recorder's) and checks for stalls.
+plugin's or the flight recorder's) and checks for stalls. Each way collectives arrive is a
+route (``route.py``), listed with its precedence in ``routes.py``.
 Definitions of the numbers: docs/collectives.md.
 """
 
@@ -52,12 +53,10 @@ class CollectiveSource:
             _name_the_plugin(ctx.log, ctx.config)
         ledger = self.ledger = Ledger(ctx)
         cap = self.capture = Capture(ctx.recorder.put, ctx.tracker)
-        if ledger.plugin is not None:
-            cap.skip_backends.add("nccl")
-            self.mechanisms.append("nccl_profiler_plugin")
-        elif ledger.flight_recorder is not None:
-            cap.skip_backends.add("nccl")
-            self.mechanisms.append("nccl_flight_recorder")
+        for route in ledger.active:  # NCCL's route, where one reads: the wrappers skip it
+            cap.skip_backends.update(route.covers)
+            if route.mechanism is not None:
+                self.mechanisms.append(route.mechanism)
         wrapped = cap.wrap_functions()
         if wrapped:
             self.mechanisms.append("torch.distributed")

@@ -6,7 +6,9 @@ the emitter) until the first read begun after their end, so that their exposed
 communication counts their NCCL collectives. The ring overwrites its oldest entries: the
 interval shortens to the rate of collectives seen, so that a read comes before it wraps, and
 what was lost anyway is counted. Entries become the book's collectives, keyed by
-``-1 - record_id`` (the capture's keys are positive)."""
+``-1 - record_id`` (the capture's keys are positive). Built wherever the flight recorder can
+be read (an NCCL process group, a dump function, a buffer); the plugin's route supersedes it
+while that one reads (routes.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from otel_train.sources.collectives.flight_recorder import (
     read_interval_s,
 )
 from otel_train.sources.collectives.reads import ReadAccount
+from otel_train.sources.collectives.route import Parts, Route
 
 _SOURCE = "nccl_flight_recorder"
 
@@ -29,8 +32,12 @@ def first_interval_ns(config: Any) -> int:
     return int(min(1.0, config.nccl_harvest_interval_s) * 1e9)
 
 
-class FlightRecorderRoute:
+class FlightRecorderRoute(Route):
     """Reads the flight recorder when due, books its entries, and gates held steps."""
+
+    name = mechanism = _SOURCE
+    covers = frozenset({"nccl"})
+    holds_steps = True
 
     def __init__(self, fr: FlightRecorder, ctx: Any, book: Book, account: ReadAccount) -> None:
         self.fr = fr
@@ -52,6 +59,10 @@ class FlightRecorderRoute:
         # drain's length late
         self._tick_s = min(ctx.config.emit_interval_s, 0.2)
 
+    def start(self) -> None:
+        """The route from the start: learn the newest record before instrumentation."""
+        self.fr.baseline()
+
     def read_at_next_tick(self) -> None:
         self.harvested_at = 0
 
@@ -59,11 +70,12 @@ class FlightRecorderRoute:
         """Every collective issued before the step ended is in a dump begun after it."""
         return end_perf < self.read_began
 
-    def tick(self, now: int) -> None:
+    def tick(self, now: int) -> bool:
         if now - self.harvested_at > self._interval_ns:
             self.harvest()
         # the next read before the ring can wrap, not at the next drain
         self.emitter.wake_within((self.harvested_at + self._interval_ns - now) / 1e9)
+        return True
 
     def harvest(self) -> None:
         self.harvested_at = started = time.perf_counter_ns()
@@ -137,3 +149,11 @@ class FlightRecorderRoute:
                 self.account.shortest_interval_s = min(self.account.shortest_interval_s,
                                                        interval_s)
             self._last_read = (now, fr.highest)
+
+
+def build(parts: Parts) -> FlightRecorderRoute | None:
+    """The flight recorder's route, where it can be read (None elsewhere)."""
+    recorder = FlightRecorder(parts.ctx.identity.world_size)
+    if not recorder.available():
+        return None
+    return FlightRecorderRoute(recorder, parts.ctx, parts.book, parts.account)

@@ -4,7 +4,9 @@ in batches on the emitter's ticks and kept as the plugin wrote them, given to th
 issued them, and expanded where spans are built (wire/nccl.py). A held step is released once
 every operation issued before its end has finished and been read. A stall is noticed from
 the oldest operation in flight. If NCCL runs collectives without calling the plugin, the
-flight recorder takes over (the route kept for that until the plugin sees an operation)."""
+flight recorder takes over (the route kept for that until the plugin sees an operation): this
+route gives up, and the flight recorder's, which it superseded, reads from then on
+(routes.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from otel_train import nccl
 from otel_train.sources.collectives.assembly import Assembly
 from otel_train.sources.collectives.book import Collective
 from otel_train.sources.collectives.fr_route import FlightRecorderRoute
+from otel_train.sources.collectives.plugin_choice import _nccl_groups_bound
 from otel_train.sources.collectives.reads import ReadAccount
+from otel_train.sources.collectives.route import Parts, Route
 from otel_train.sources.collectives.stall import StallWatch
 from otel_train.wire.nccl import op_name
 
@@ -25,8 +29,12 @@ _RECORD_WORDS = nccl.RECORD.size // 8
 _REREAD_NS = 5e6
 
 
-class PluginRoute:
+class PluginRoute(Route):
     """Reads the plugin's records, gives each step its own, and watches the oldest in flight."""
+
+    name = mechanism = "nccl_profiler_plugin"
+    covers = frozenset({"nccl"})
+    holds_steps = True
 
     def __init__(self, plugin: nccl.Plugin, confirmed: bool, ctx: Any, assembly: Assembly,
                  stall: StallWatch, account: ReadAccount, fallback: FlightRecorderRoute) -> None:
@@ -59,6 +67,11 @@ class PluginRoute:
 
     def read_at_next_tick(self) -> None:
         self._checked_at = 0
+
+    def complete(self) -> None:
+        """What finished on the GPU since the poller's last pass: read it now, or the last
+        operations would end unmeasured (the poller passes only now and then)."""
+        self.plugin.complete()
 
     def ready(self, end_perf: int) -> bool:
         if not self.confirmed:
@@ -193,3 +206,21 @@ class PluginRoute:
         if self.rows:
             rows = self.rows.take_all()
             self.assembly.send_nccl_after_steps(rows, self._groups_of(rows))
+
+
+def build(parts: Parts) -> PluginRoute | None:
+    """The plugin's route, where ``NCCL_PROFILER_PLUGIN`` names ours and NCCL may have loaded
+    it; only beside the flight recorder's route (NCCL process groups), which it supersedes
+    and falls back to (None elsewhere)."""
+    fallback = parts.built.get(FlightRecorderRoute.name)
+    if not isinstance(fallback, FlightRecorderRoute):
+        return None
+    plugin = nccl.loaded()
+    confirmed = plugin is not None and plugin.has_comms()
+    if plugin is not None and not confirmed and _nccl_groups_bound():
+        plugin = None  # NCCL started without it: the flight recorder it is
+    if plugin is None:
+        return None
+    # the flight recorder is then read only to notice that NCCL did not load it
+    return PluginRoute(plugin, confirmed, parts.ctx, parts.assembly, parts.stall, parts.account,
+                       fallback)

@@ -1,7 +1,7 @@
 """Stall detection: a collective pending longer than ``stall_timeout_s`` is reported, from the
 emitter thread, once, when its deadline comes (the emitter, asleep while nothing is recorded,
 is asked to wake for it): an error log naming op, sequence number, sizes and process group, and
-(when it ends, or at exit) a ``collective.stalled`` event and attribute on its span.
+(when it ends, or at exit) a ``training.collective.stalled`` event and attribute on its span.
 
 The rank that is behind is the one *not* reporting the collective at that sequence number
 of that group: every other rank waits for it there.
@@ -49,7 +49,7 @@ class StallWatch:
             semconv.LOG_COLLECTIVE_STALLED,
             pending_s=round((now_perf - coll.issue) / 1e9, 3),
             timeout_s=self.timeout_ns / 1e9,
-            # the train.collective span's attribute names
+            # the training.collective span's attribute names
             **{semconv.ATTR_COLLECTIVE_OP: coll.op, semconv.ATTR_COLLECTIVE_SEQ: coll.seq,
                semconv.ATTR_COLLECTIVE_GROUP: coll.group,
                semconv.ATTR_COLLECTIVE_GROUP_SIZE: coll.group_size,

@@ -21,7 +21,7 @@ from otel_train import internal_errors, torch_compat
 from otel_train.recorder import EVENT
 
 #: the record name of every compile record: (EVENT, SOURCE, payload)
-SOURCE = "otel_train.compile"
+SOURCE = "training.compile"
 START, END, FINAL = "start", "end", "final"
 # (START, compile id, trigger, t, step, phase, graph breaks, stats)
 # (END, compile id, trigger, t, graph breaks, stats)   (FINAL,)

@@ -37,7 +37,7 @@ import torch
 
 from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
-from otel_train.sources import RunContext
+from otel_train.sources import RunContext, step_uses
 from otel_train.sources.gpu.device import training_device
 
 try:  # the driver's event calls without torch's Python around them (_fastpath.c)
@@ -279,12 +279,14 @@ class CudaTimingSource:
         if any(abs(a - b) > 1e-3 for a, b in zip(ms, torch_ms, strict=True)):
             raise RuntimeError(f"the driver's event times {ms} differ from torch's {torch_ms}")
 
+    @step_uses(writes=("gpu_ends", "phase_overrides", "extra_attributes"))
     def _before_step(self, info: Any) -> None:
-        entries = self._pending.pop(info.step, [])
-        seen = self._seen_done.pop(info.step, None)
-        rel = self._relative.pop(info.step, None)
-        after_ref = self._after_ref.pop(info.step, None)
-        for stale in [s for s in self._pending if s < info.step]:
+        step = info.record.step
+        entries = self._pending.pop(step, [])
+        seen = self._seen_done.pop(step, None)
+        rel = self._relative.pop(step, None)
+        after_ref = self._after_ref.pop(step, None)
+        for stale in [s for s in self._pending if s < step]:
             self._orphans.extend(e for entry in self._pending.pop(stale) for e in entry[3:5])
             self._relative.pop(stale, None)
             self._after_ref.pop(stale, None)
@@ -321,6 +323,7 @@ class CudaTimingSource:
         offset = self.clock.update(lower, upper)
         totals: dict[str, float] = {}
         ctx = self.emitter.exemplar_context(info)
+        extra = info.record.extra_attributes
         attrs = {semconv.ATTR_RANK: self.emitter.ident.rank,
                  semconv.ATTR_RUN_ID: self.emitter.ident.run_id}
         for phase, span_id, g_begin, g_end, h_begin, h_end in times:
@@ -332,17 +335,17 @@ class CudaTimingSource:
                 semconv.ATTR_TIMING: semconv.TIMING_GPU,
                 semconv.ATTR_HOST_DURATION: (h_end - h_begin) / 1e9})
         for phase, seconds in totals.items():
-            info.extra_attributes[semconv.ATTR_PHASE_GPU_TOTAL_PREFIX + phase] = seconds
+            extra[semconv.ATTR_PHASE_GPU_TOTAL_PREFIX + phase] = seconds
             self.hist.record(seconds, {**attrs, semconv.ATTR_PHASE: phase}, context=ctx)
         # when the GPU finished each phase's work, beside when the host ended the phase:
-        # how long the host's next stretch outside the phases waited for it (sources/gaps.py)
+        # how long the host's next stretch outside the phases waited for it (sources/gaps/)
         info.gpu_ends = [(int(h_end), int(g_end + offset))
                          for _, _, _, g_end, _, h_end in times]
-        info.extra_attributes[semconv.ATTR_STEP_GPU_DURATION] = (
+        extra[semconv.ATTR_STEP_GPU_DURATION] = (
             max(t[3] for t in times) - min(t[2] for t in times)) / 1e9
-        info.extra_attributes[semconv.ATTR_GPU_LAG] = max(
+        extra[semconv.ATTR_GPU_LAG] = max(
             times[0][2] + offset - times[0][4], 0.0) / 1e9
-        info.extra_attributes[semconv.ATTR_GPU_CLOCK_UNCERTAINTY] = (
+        extra[semconv.ATTR_GPU_CLOCK_UNCERTAINTY] = (
             self.clock.uncertainty_ns / 1e9)
 
     def _recycle_orphans(self) -> None:

@@ -3,12 +3,12 @@
 At each step end, on the training thread, one ``torch._C._cuda_memoryStats(device)`` call
 (host-side: the allocator's counters under its own lock, no CUDA call; ``docs/gpu.md`` has
 its measured cost) gives allocated and reserved bytes, their peaks and the allocation
-retries; the emitter turns them into gauges and ``train.rank_step`` attributes. Peaks are
+retries; the emitter turns them into gauges and ``training.rank_step`` attributes. Peaks are
 since the start (what ``torch.cuda.max_memory_allocated()`` reports) unless
 ``memory_peak_per_step`` resets them at every step end.
 
 Out of memory: an allocator observer (``torch._C._cuda_attach_out_of_memory_observer``, which
-the allocator calls before it raises, outside its lock) logs ``train.oom`` with the
+the allocator calls before it raises, outside its lock) logs ``training.oom`` with the
 allocator's summary under the current phase's span and marks that span as an error. The
 observer cannot be detached, so one per process forwards to the active run only.
 """
@@ -21,7 +21,7 @@ import torch
 
 from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
-from otel_train.sources import RunContext
+from otel_train.sources import RunContext, step_uses
 from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.memory"
@@ -146,20 +146,22 @@ class MemorySource:
         self._ooms[payload[0]] = payload
         self.ooms.add(1, self.emitter.ident.metric_attributes())
 
+    @step_uses(writes=("extra_attributes", "phase_overrides"))
     def _before_step(self, info: Any) -> None:
-        latest = self._by_step.pop(info.step, None)
+        record = info.record
+        latest = self._by_step.pop(record.step, None)
         if latest is not None:
             peak, reserved, fragmentation, retries = latest
-            info.extra_attributes.update({
+            record.extra_attributes.update({
                 semconv.ATTR_MEMORY_ALLOCATED_PEAK: peak,
                 semconv.ATTR_MEMORY_RESERVED: reserved,
                 semconv.ATTR_MEMORY_FRAGMENTATION: fragmentation,
                 semconv.ATTR_MEMORY_ALLOC_RETRIES: retries})
-        oom = self._ooms.pop(info.step, None)
+        oom = self._ooms.pop(record.step, None)
         if oom is not None:
             _, span_id, requested, device_free, summary = oom
             error = f"CUDA out of memory: {requested} bytes requested, {device_free} free"
-            info.extra_attributes[semconv.ATTR_OOM_REQUESTED] = requested
+            record.extra_attributes[semconv.ATTR_OOM_REQUESTED] = requested
             if span_id:
                 info.phase_overrides.setdefault(span_id, {})["error"] = error
                 info.phase_overrides[span_id].setdefault("attributes", {}).update({

@@ -19,7 +19,7 @@ import torch
 
 from otel_train import internal_errors, semconv, torch_compat
 from otel_train.recorder import EVENT
-from otel_train.sources import RunContext
+from otel_train.sources import RunContext, step_uses
 from otel_train.sources.gpu.device import training_device
 
 RECORD = "otel_train.flops"
@@ -136,18 +136,20 @@ class MfuSource:
         if flops > 0:
             self.flops = flops
 
+    @step_uses(writes=("extra_attributes",))
     def _before_step(self, info: Any) -> None:
-        seconds = (info.end_ns - info.start_ns) / 1e9
+        record = info.record
+        seconds = (record.end_ns - record.start_ns) / 1e9
         if seconds <= 0:
             return
         attrs = self.emitter.ident.metric_attributes()
-        extra = info.extra_attributes
-        if info.samples:
-            extra[semconv.ATTR_SAMPLES_PER_S] = info.samples / seconds
-            self.samples_rate.set(info.samples / seconds, attrs)
-        if info.tokens:
-            extra[semconv.ATTR_TOKENS_PER_S] = info.tokens / seconds
-            self.tokens_rate.set(info.tokens / seconds, attrs)
+        extra = record.extra_attributes
+        if record.samples:
+            extra[semconv.ATTR_SAMPLES_PER_S] = record.samples / seconds
+            self.samples_rate.set(record.samples / seconds, attrs)
+        if record.tokens:
+            extra[semconv.ATTR_TOKENS_PER_S] = record.tokens / seconds
+            self.tokens_rate.set(record.tokens / seconds, attrs)
         if self.flops:
             achieved = self.flops / seconds
             extra[semconv.ATTR_TFLOPS] = achieved / 1e12

@@ -6,8 +6,8 @@ event) happen on the training thread at the window's step boundaries, and writin
 holds the GIL for a while. Everything else is off the training thread: the trace is written
 by a background thread, analysed by a separate process (``python -m
 otel_train.sources.gpu.kineto``: parsing a large JSON trace would hold the GIL for seconds) and
-the emitter, polling that process without waiting, turns the result into a ``train.profile``
-span under the window's first ``train.rank_step`` (with the trace file's path), the
+the emitter, polling that process without waiting, turns the result into a ``training.profile``
+span under the window's first ``training.rank_step`` (with the trace file's path), the
 ``training.comm.overlap`` gauge and the exposed-communication and GPU-idle gauges.
 
 One window at a time: a window that falls due while the last one is still being analysed is
