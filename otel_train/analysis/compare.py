@@ -407,7 +407,7 @@ def _waiting_words(moves: list[PartMove], picked: list[PartMove], step_delta: fl
     if not waits:
         return ""
     waiting = sorted({r for m in waits for r in m.ranks})
-    return (f"; {_ranks_words(waiting)} wait for it: "
+    return (f"; {_ranks_words(waiting)} {'waits' if len(waiting) == 1 else 'wait'} for it: "
             + ", ".join(_move_words(m, False) for m in waits))
 
 
@@ -420,10 +420,30 @@ def _move_words(move: PartMove, where: bool) -> str:
     return text
 
 
+#: at most this many runs of consecutive ranks are named; the rest are counted
+MOST_RANK_RUNS = 8
+
+
 def _ranks_words(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    return "ranks " + ", ".join(map(str, ranks))
+    """``rank 3``, ``ranks 0, 2``, ``ranks 0-2, 4-1023``: runs of consecutive ranks as
+    ranges, at most :data:`MOST_RANK_RUNS` of them (a job of thousands of ranks stays one
+    line)."""
+    ordered = sorted(set(ranks))
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    runs: list[tuple[int, int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], rank)
+        else:
+            runs.append((rank, rank))
+    words = [str(a) if a == b else f"{a}, {b}" if b == a + 1 else f"{a}-{b}"
+             for a, b in runs[:MOST_RANK_RUNS]]
+    more = ""
+    if len(runs) > MOST_RANK_RUNS:
+        rest = sum(b - a + 1 for a, b in runs[MOST_RANK_RUNS:])
+        more = f" and {rest} more"
+    return "ranks " + ", ".join(words) + more
 
 
 def _signed_s(seconds: float) -> str:

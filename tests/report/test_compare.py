@@ -140,6 +140,48 @@ def test_a_planted_slowdown_of_backward_on_one_rank_is_found(synthetic) -> None:
     assert "wait for it: exposed comm" in where.sentence, where.sentence
 
 
+@pytest.fixture(scope="module", params=[(2, 1), (64, 37)], ids=["2-ranks", "64-ranks"])
+def planted(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+            ) -> tuple[int, int, Path, Path]:
+    """(ranks, slowed rank, baseline, slowed run), 60 steps: the same steps in both (one seed:
+    every other rank's time the same), with one rank's backward 10% longer in the second, as
+    replicas of one real run would differ."""
+    ranks, slowed = request.param
+    root = tmp_path_factory.mktemp(f"compare-{ranks}")
+    spec = {"ranks": ranks, "steps": 60, "spike_steps": (), "metrics_every": 30,
+            "straggler_rank": min(2, ranks - 1)}
+    base = rf.write_run(rf.RunSpec(run_id="base", seed=1, **spec), root)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rf, "simulate_step", slowed_backward(slowed, 1.10))
+        slow = rf.write_run(rf.RunSpec(run_id="slow", seed=1, **spec), root)
+    return ranks, slowed, base, slow
+
+
+@pytest.mark.slow
+def test_a_planted_slowdown_is_found_on_its_rank_and_the_sentence_stays_short(planted) -> None:
+    ranks, slowed, base, slow = planted
+    result = _compare(base, slow)
+    step = _row(result, "step_time").cells[0]
+    assert step.verdict == WORSE and step.change_interval[0] > 0, step
+    where = result.where[0]
+    assert where.parts[0].part == sc.PART_BACKWARD, where.sentence
+    assert where.parts[0].ranks == [slowed], where.sentence
+    others = "rank 0 waits" if ranks == 2 else f"ranks 0-{slowed - 1}, {slowed + 1}-{ranks - 1} wait"
+    assert "backward +" in where.sentence and f"on rank {slowed}" in where.sentence
+    assert f"{others} for it: exposed comm +" in where.sentence, where.sentence
+    assert len(where.sentence) < 200, where.sentence
+
+
+def test_ranks_are_named_as_runs() -> None:
+    from otel_train.analysis.compare import _ranks_words
+
+    assert _ranks_words([3]) == "rank 3"
+    assert _ranks_words([2, 0]) == "ranks 0, 2"
+    assert _ranks_words([*range(3), *range(4, 1024)]) == "ranks 0-2, 4-1023"
+    assert _ranks_words(list(range(0, 40, 2))) == (
+        "ranks 0, 2, 4, 6, 8, 10, 12, 14 and 12 more")
+
+
 def test_the_figures_are_the_reports(synthetic) -> None:
     run = load_run(synthetic["slow"], "slow")
     report = run.report
