@@ -1,8 +1,9 @@
-"""``build_report(run_dir)``: the two streaming passes over traces and one over metrics."""
+"""``build_report(run_dir)``: the two streaming passes over traces (the second folded into
+per-step numbers as it is read: step_spans.py) and one over metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 from otel_train import semconv as sc
@@ -12,7 +13,7 @@ from otel_train.analysis.device_waits import GpuIntervals
 from otel_train.analysis.fates import rank_fates
 from otel_train.analysis.goodput import goodput
 from otel_train.analysis.metrics import MetricsDigest, read_metrics
-from otel_train.analysis.otlp import Span, paused_gc, resolve_run_dir
+from otel_train.analysis.otlp import paused_gc, resolve_run_dir
 from otel_train.analysis.report_model import (
     Bar,
     CollectiveRow,
@@ -24,15 +25,8 @@ from otel_train.analysis.report_model import (
     SlowStep,
     StepTimeline,
 )
-from otel_train.analysis.traces import (
-    PHASES,
-    TraceDigest,
-    start_reading_traces,
-    start_spans_of_traces,
-)
-
-SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
-SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
+from otel_train.analysis.step_spans import OneStep, start_step_spans
+from otel_train.analysis.traces import PHASES, TraceDigest, start_reading_traces
 
 
 def build_report(run: Path, top: int = 10, timelines: int = 3,
@@ -60,7 +54,9 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     warm_durations = {s: d for s, d in durations.items() if s in warm}
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
     slowest += sorted(set(warm_durations) - set(slowest))
-    reading_steps = _start_spans_by_step(run_dir, traces, slowest, run_id, workers)
+    step_of = {traces.step_trace[s]: s for s in slowest if s in traces.step_trace}
+    reading_steps = start_step_spans(run_dir, step_of, run_id, traces.files, traces.lines,
+                                     workers)
     try:  # what needs no span of pass two, while the workers read them
         lag = st.straggler(table, by_rank, _wait_shares(metrics))
         rank_rows = st.rank_breakdowns(table, by_rank)
@@ -75,8 +71,9 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     gpu = GpuIntervals(traces.arrivals, matching)
 
     def blamed(steps: set[int], n: int) -> list[SlowStep]:
-        return st.slow_steps(table, durations, n, lambda step, phase: _phase_starts(
-            spans.get(step, []), phase), lambda step: _collective_s(spans.get(step, [])),
+        return st.slow_steps(table, durations, n,
+                             lambda step, phase: spans.get(step).phase_starts(phase),
+                             lambda step: spans.get(step).collective_s,
             set(range(world)) | set(by_rank),
             late_of_step=arr.late_of_step(lateness, durations), collectives=gpu,
             candidates=steps)
@@ -120,7 +117,7 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         straggler_signal=lag.signal, straggler_busy_ratio=lag.busy_ratio,
         straggler_slowest_share=lag.slowest_share, straggler_wait_share=lag.wait_share,
         straggler_wait_rank=lag.wait_rank, straggler_throttled_s=lag.throttled_s,
-        slow_steps=slow, timelines=[_timeline(s, spans.get(s.step, []))
+        slow_steps=slow, timelines=[_timeline(s, spans.get(s.step))
                                     for s in slow[:timelines]],
         over_time=over_time, collectives=_collectives(traces, metrics),
         compile=_compile(traces, metrics), resources=_resources(metrics),
@@ -203,60 +200,10 @@ def _trained_steps(metrics: MetricsDigest) -> int | None:
     return max(counts.values()) if counts else None
 
 
-def _start_spans_by_step(run_dir: Path, traces: TraceDigest, steps: list[int],
-                         run_id: str | None, workers: int | None
-                         ) -> Callable[[], dict[int, list[Span]]]:
-    """Pass two, started: every span of the given steps' traces, by step."""
-    step_of = {traces.step_trace[s]: s for s in steps if s in traces.step_trace}
-    reading = start_spans_of_traces(run_dir, set(step_of), run_id, traces, workers)
-
-    def by_step() -> dict[int, list[Span]]:
-        out: dict[int, list[Span]] = {}
-        for span in reading():
-            out.setdefault(step_of[span.trace_id], []).append(span)
-        return out
-
-    return by_step
-
-
-def _phase_starts(spans: list[Span], phase: str) -> dict[int, int]:
-    """Each rank's first start of ``phase`` in one step (epoch ns)."""
-    name = sc.PHASE_SPAN.get(phase)
-    starts: dict[int, int] = {}
-    for span in spans:
-        if span.name == name:
-            rank = _rank(span)
-            starts[rank] = min(starts.get(rank, span.start_ns), span.start_ns)
-    return starts
-
-
-def _collective_s(spans: list[Span]) -> dict[int, float]:
-    """Each rank's seconds in one step's collectives (GPU time where the span has it)."""
-    out: dict[int, float] = {}
-    for span in spans:
-        if span.name == sc.SPAN_COLLECTIVE:
-            attrs = span.attributes
-            seconds = attrs.get(sc.ATTR_COLLECTIVE_GPU_DURATION,
-                                attrs.get(sc.ATTR_COLLECTIVE_TOTAL_S, span.duration_s))
-            out[_rank(span)] = out.get(_rank(span), 0.0) + float(seconds)
-    return out
-
-
-def _rank(span: Span) -> int:
-    return int(span.attributes.get(sc.ATTR_RANK, span.resource.get(sc.RES_RANK, 0)))
-
-
-def _timeline(slow: SlowStep, spans: list[Span]) -> StepTimeline:
-    origin = min((s.start_ns for s in spans), default=0)
-    bars = []
-    for span in spans:
-        kind = SPAN_PHASE.get(span.name, "collective" if span.name == sc.SPAN_COLLECTIVE else "")
-        if not kind:
-            continue
-        rank = _rank(span)
-        label = str(span.attributes.get(sc.ATTR_COLLECTIVE_OP, span.name))
-        bars.append(Bar(rank, kind, label, (span.start_ns - origin) / 1e9,
-                        (span.end_ns - origin) / 1e9))
+def _timeline(slow: SlowStep, step: OneStep) -> StepTimeline:
+    origin = step.origin or 0
+    bars = [Bar(rank, kind, label, (start - origin) / 1e9, (end - origin) / 1e9)
+            for rank, kind, label, start, end in step.bars]
     bars.sort(key=lambda b: (b.rank, b.start_s))
     return StepTimeline(slow.step, slow.duration_s, bars)
 

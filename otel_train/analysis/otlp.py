@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from otel_train import semconv
 from otel_train.analysis import legacy
@@ -437,13 +437,49 @@ def start_spans_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
                    run_id: str | None = None,
                    workers: int | None = None) -> Callable[[], list[Span]]:
     """:func:`spans_at` started in the workers; the function returned waits for it."""
+    files, offsets = _lines_of(paths, index, trace_ids)
+    results = start_chunks(spans_in_lines, files, offsets, trace_ids, run_id,
+                           workers=workers)
+    return lambda: [span for part in results() for span in part]
+
+
+class Fold(Protocol):
+    """What the spans of some traces are folded into as they are read, in each worker
+    (:func:`start_fold_at`): never the spans themselves."""
+
+    def add(self, span: Span) -> None: ...
+
+    def merge(self, other: Any) -> Any: ...
+
+
+F = TypeVar("F", bound=Fold)
+
+
+def start_fold_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
+                  fold: Callable[[], F], run_id: str | None = None,
+                  workers: int | None = None) -> Callable[[], F]:
+    """The spans of ``trace_ids`` (read as :func:`spans_at` reads them) folded into
+    ``fold()`` as they are read, in the workers, and the workers' folds merged: what a
+    reader that needs a few numbers of each span holds, whatever the number of spans."""
+    files, offsets = _lines_of(paths, index, trace_ids)
+    results = start_chunks(fold_in_lines, files, offsets, trace_ids, run_id, fold,
+                           workers=workers)
+
+    def merged() -> F:
+        out = fold()
+        for part in results():
+            out = out.merge(part)
+        return out
+
+    return merged
+
+
+def _lines_of(paths: list[Path], index: LineIndex, trace_ids: set[str]
+              ) -> tuple[list[Path], list[list[int]]]:
     offsets: dict[int, list[int]] = {}
     for i, offset in sorted({loc for t in trace_ids for loc in index.get(t, ())}):
         offsets.setdefault(i, []).append(offset)
-    files = [paths[i] for i in offsets]
-    results = start_chunks(spans_in_lines, files, list(offsets.values()), trace_ids, run_id,
-                           workers=workers)
-    return lambda: [span for part in results() for span in part]
+    return [paths[i] for i in offsets], list(offsets.values())
 
 
 def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
@@ -453,6 +489,24 @@ def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
     whose spans of these traces have a field of the wrong type (a span that pass decoded
     none of) is left out, and warned of here."""
     spans: list[Span] = []
+    for line in _span_lines(files, offsets, trace_ids, run_id):
+        spans += line
+    return spans
+
+
+def fold_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
+                  trace_ids: set[str], run_id: str | None, fold: Callable[[], F]) -> F:
+    """:func:`spans_in_lines`' spans folded into ``fold()``, one line's at a time."""
+    out = fold()
+    for line in _span_lines(files, offsets, trace_ids, run_id):
+        for span in line:
+            out.add(span)
+    return out
+
+
+def _span_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
+                trace_ids: set[str], run_id: str | None) -> Iterator[list[Span]]:
+    """The spans of ``trace_ids``, a line's at a time (a damaged line's none)."""
     for k, path in files:
         wrong = FileDamage(path)
         with open(path, "rb") as handle:
@@ -460,13 +514,14 @@ def spans_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
                 handle.seek(offset)
                 requests = _line_items(handle.readline(), 0, _whole, FileDamage(path))
                 try:
-                    spans += [_span(raw, resource) for request in requests
-                              for raw, resource in _raw_spans(request, run_id)
-                              if raw.get("traceId", "") in trace_ids]
+                    line = [_span(raw, resource) for request in requests
+                            for raw, resource in _raw_spans(request, run_id)
+                            if raw.get("traceId", "") in trace_ids]
                 except DAMAGE_ERRORS as err:
                     wrong.add(line_number(path, offset), wrong_type(err))
+                    continue
+                yield line
         _settle(wrong, None)
-    return spans
 
 
 #: the attributes the report does arithmetic on, with their types: converted as a span is
