@@ -26,7 +26,7 @@ from otel_train.analysis.report_model import (
     StepTimeline,
 )
 from otel_train.analysis.step_spans import OneStep, start_step_spans
-from otel_train.analysis.traces import PHASES, TraceDigest, start_reading_traces
+from otel_train.analysis.traces import PHASES, StepTable, TraceDigest, start_reading_traces
 
 
 def build_report(run: Path, top: int = 10, timelines: int = 3,
@@ -35,12 +35,20 @@ def build_report(run: Path, top: int = 10, timelines: int = 3,
     picks one run out of files that hold several (a collector's output); ``workers``
     processes read the traces files (None: one per CPU when the files are large; the
     report is the same whatever the number)."""
+    return build_report_and_table(run, top, timelines, run_id, workers)[0]
+
+
+def build_report_and_table(run: Path, top: int = 10, timelines: int = 3,
+                           run_id: str | None = None, workers: int | None = None
+                           ) -> tuple[Report, StepTable]:
+    """:func:`build_report`, and the step table pass one made for it (one row per rank
+    step: what ``compare`` resamples), so that a reader needing both reads the traces once."""
     with paused_gc():
         return _build(resolve_run_dir(run, run_id), top, timelines, run_id, workers)
 
 
 def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
-           workers: int | None) -> Report:
+           workers: int | None) -> tuple[Report, StepTable]:
     reading = start_reading_traces(run_dir, run_id, workers)
     try:
         metrics = read_metrics(run_dir, run_id)  # while the workers read the traces
@@ -136,7 +144,7 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         rank_fates=fates, warmup_steps=warmup,
         steady_steps=len(set(durations) - warm) or len(durations),
         unreadable_ranks=_unreadable_ranks(run_dir, world, set(by_rank)),
-    )
+    ), table
 
 
 def _unreadable_ranks(run_dir: Path, world: int, seen: set[int]) -> list[int]:

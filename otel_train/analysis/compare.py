@@ -16,6 +16,7 @@ import argparse
 import math
 import re
 import sys
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -479,8 +480,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "with a 95% interval from the steps (a block bootstrap), a verdict, and "
                     "where the step time moved. Exit 1 when a --gate fails (docs/compare.md).")
     parser.add_argument("runs", type=Path, nargs="*", metavar="RUN",
-                        help="run directories (or roots holding runs: the newest is read); "
-                             "the first is the baseline")
+                        help="run directories (or roots holding runs: the newest is read), "
+                             "or run ids with --jaeger; the first is the baseline")
     parser.add_argument("--gate", type=parse_gate, action="append", default=[],
                         metavar="KEY=+N%",
                         help="fail (exit 1) when KEY is worse by more than N%% and its "
@@ -488,6 +489,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              + ", ".join(f"{k}={v.text(BY_KEY[k])}".replace("%", "%%")
                                          for k, v in DEFAULT_GATES.items())
                              + ")")
+    parser.add_argument("--jaeger", metavar="URL",
+                        help="read each RUN as a run id from this Jaeger's query API (its "
+                             "traces: rows from metrics are not recorded)")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--html", type=Path, metavar="FILE",
                         help="also write the runs side by side as one HTML file")
@@ -513,12 +517,23 @@ def run(args: argparse.Namespace) -> int:
     unwritable = args.html and cannot_write(args.html)
     if unwritable:
         return _fail(f"--html {unwritable}")
-    try:
-        dirs = [resolve_run_dir(path) for path in args.runs]
-        with damage_on_stderr():
-            runs = [load_run(d, label) for d, label in zip(dirs, labels(dirs), strict=True)]
-    except OSError as err:
-        return _fail(str(err))
+    with tempfile.TemporaryDirectory(prefix="otel-train-compare-") as scratch:
+        try:
+            if args.jaeger:
+                from otel_train.analysis.live import from_jaeger
+
+                dirs = [from_jaeger(args.jaeger, str(run_id), Path(scratch) / str(i))
+                        for i, run_id in enumerate(args.runs)]
+            else:
+                dirs = [resolve_run_dir(path) for path in args.runs]
+            with damage_on_stderr():
+                runs = [load_run(d, label)
+                        for d, label in zip(dirs, labels(dirs), strict=True)]
+            if args.jaeger:  # read from a scratch directory, gone once compared
+                for loaded, run_id in zip(runs, args.runs, strict=True):
+                    loaded.path = f"{args.jaeger} {run_id}"
+        except OSError as err:
+            return _fail(str(err))
     result = compare(runs, gates_of(args.gate), args.resamples, args.seed)
     from otel_train.analysis import compare_render as render
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from otel_train import semconv as sc
 from otel_train.analysis import attribution as st
-from otel_train.analysis.build import build_report
+from otel_train.analysis.build import build_report_and_table
 from otel_train.analysis.compare_stats import MIN_STEPS, Quantile, RatioOfSums, Statistic
 from otel_train.analysis.otlp import resolve_run_dir
 from otel_train.analysis.report_model import Report
@@ -26,7 +26,6 @@ from otel_train.analysis.traces import (
     UNTIMED,
     UNTIMED_PARTS,
     StepTable,
-    read_traces,
 )
 
 LOWER, HIGHER = "lower", "higher"
@@ -92,7 +91,9 @@ class RunData:
     """One run, as compared: its report, the per-step statistics and the run totals."""
 
     label: str
-    path: Path
+    #: where it was read: its run directory, or (``--jaeger``) the trace store's URL and the
+    #: run id
+    path: Path | str
     report: Report
     steady_steps: int
     statistics: dict[str, Statistic] = field(default_factory=dict)
@@ -117,12 +118,12 @@ def load_run(path: Path, label: str) -> RunData:
     """Read one run (a run directory, or a root: its newest run): the report, and its step
     table for the per-step series. Raises OSError when it is not there or holds nothing."""
     run_dir = resolve_run_dir(path)
-    # the report's figures, as `otel-train report` computes them; its step table is read
-    # again (pass one only) for the per-step series, which the report does not keep
-    report = build_report(run_dir, top=0, timelines=0)
+    # the report's figures, as `otel-train report` computes them, and the step table its
+    # pass one made, for the per-step series (the traces are read once)
+    report, table = build_report_and_table(run_dir, top=0, timelines=0)
     if not report.ranks and report.trained_steps is None:
         raise FileNotFoundError(f"{run_dir}: its files hold no telemetry that could be read")
-    table = read_traces(run_dir).table.pad()
+    table = table.pad()
     by_rank = st.steady_rows(table, st.rows_by_rank(table), st.warmup_steps(table))
     steps = sorted({table.steps[i] for rows in by_rank.values() for i in rows})
     run = RunData(label, run_dir, report, len(steps))

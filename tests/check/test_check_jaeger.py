@@ -11,7 +11,6 @@ trace item, saying so.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -23,14 +22,11 @@ from pathlib import Path
 
 import pytest
 from support import REPO_ROOT
-from support.binaries import require_binary
+from support.jaeger import Jaeger, running_jaeger
 from support.pipeline_fixtures import (
-    Process,
     Prometheus,
     adjacent_free_ports,
     free_port,
-    free_ports,
-    http_get,
     http_post_json,
     json_lines,
     prometheus_binary,
@@ -46,51 +42,8 @@ from otel_train.cli import main
 
 pytestmark = pytest.mark.slow
 STEPS, RANKS = 60, 2
-DEFAULT_JAEGER = REPO_ROOT / "tools" / "jaeger" / "bin" / "jaeger"
-JAEGER_CONFIG = REPO_ROOT / "tools" / "jaeger" / "config.yaml"
 LAUNCHER_SPAN = "b7ad6b7169203331"
 TRACEPARENT = f"00-4bf92f3577b34da6a3ce929d0e0e4736-{LAUNCHER_SPAN}-01"
-
-
-@dataclass
-class Jaeger:
-    process: Process
-    query_port: int
-    otlp_port: int
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.query_port}"
-
-    @property
-    def otlp_http(self) -> str:
-        return f"http://127.0.0.1:{self.otlp_port}"
-
-
-@contextlib.contextmanager
-def running_jaeger(workdir: Path) -> Iterator[Jaeger]:
-    """tools/jaeger/config.yaml's Jaeger on free ports, killed on exit."""
-    binary = require_binary("jaeger", "OTEL_TRAIN_JAEGER_BIN", DEFAULT_JAEGER)
-    names = ("JAEGER_QUERY_PORT", "JAEGER_QUERY_GRPC_PORT", "JAEGER_OTLP_HTTP_PORT")
-    ports = dict(zip(names, free_ports(len(names))))
-    env = {**os.environ, **{k: str(v) for k, v in ports.items()}}
-    process = Process("jaeger", [binary, "--config", str(JAEGER_CONFIG)], env,
-                      workdir / "jaeger.log").start()
-    server = Jaeger(process, ports["JAEGER_QUERY_PORT"], ports["JAEGER_OTLP_HTTP_PORT"])
-
-    def ready() -> bool:
-        if not process.alive():
-            raise AssertionError("jaeger exited" + process.log_tail())
-        return http_get(f"{server.url}/api/services", timeout=2)[0] == 200 and \
-            http_get(f"{server.otlp_http}/", timeout=2)[0] > 0
-
-    try:
-        wait_for("jaeger's query API and OTLP receiver", ready, 60, on_timeout=process.log_tail)
-        yield server
-    finally:
-        process.kill()
-
-
 @pytest.fixture(scope="module")
 def jaeger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jaeger]:
     with running_jaeger(tmp_path_factory.mktemp("jaeger")) as server:
