@@ -6,6 +6,7 @@ are per collection interval, so every one seen is kept (a handful per export).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ class MetricsDigest:
     exemplars: list[Exemplar] = field(default_factory=list)
     histogram_points: int = 0
     points_without_rank: dict[str, int] = field(default_factory=dict)
+    _bounds: dict[tuple[float, ...], list[float]] = field(default_factory=dict, repr=False)
 
     def add(self, point: MetricPoint) -> None:
         labels = tuple(sorted((k, str(v)) for k, v in point.attributes.items()
@@ -49,6 +51,15 @@ class MetricsDigest:
                 value = raw.get("asDouble", raw.get("asInt", 0))
                 self.exemplars.append(Exemplar(point.name, point.rank, raw.get("traceId", ""),
                                                raw.get("spanId", ""), float(value)))
+        # what is kept of a point is its series' last value: its exemplars are taken above,
+        # and its names are one string each however many ranks repeat them (a digest of
+        # 16,384 ranks holds a few hundred thousand series)
+        point.exemplars = []
+        point.name, point.unit = sys.intern(point.name), sys.intern(point.unit)
+        point.attributes = {sys.intern(k): sys.intern(v) if type(v) is str else v
+                            for k, v in point.attributes.items()}
+        if point.bounds:  # a histogram's bounds are its metric's, one list for all its series
+            point.bounds = self._bounds.setdefault(tuple(point.bounds), point.bounds)
 
     def series(self, name: str) -> list[MetricPoint]:
         return [p for (n, _, _, _), p in self.last.items() if n == name]
