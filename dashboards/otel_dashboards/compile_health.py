@@ -131,7 +131,7 @@ def _breaks_and_recompiles(board: dash.Dashboard) -> None:
     board.with_panel(
         kit.series(
             "Recompile-limit fallbacks per rank",
-            f'Recompiles whose compile_reason matches "{RECOMPILE_LIMIT_REASONS}": dynamo gave '
+            f'Recompiles whose training_compile_reason matches "{RECOMPILE_LIMIT_REASONS}": dynamo gave '
             "up on the frame and runs it eagerly from then on.",
             [
                 kit.prom(

@@ -24,9 +24,9 @@ from otel_train import semconv  # noqa: E402
 RUN = semconv.PROM_RUN_LABEL  # training_run_id
 RANK = semconv.PROM_RANK_LABEL  # training_rank
 PHASE = semconv.PROM_PHASE_LABEL  # training_phase
-OP = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_OP)  # collective_op
-BACKEND = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_BACKEND)  # collective_backend
-REASON = semconv.prometheus_label(semconv.ATTR_COMPILE_REASON)  # compile_reason
+OP = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_OP)  # training_collective_op
+BACKEND = semconv.prometheus_label(semconv.ATTR_COLLECTIVE_BACKEND)  # training_collective_backend
+REASON = semconv.prometheus_label(semconv.ATTR_COMPILE_REASON)  # training_compile_reason
 SIGNAL = semconv.prometheus_label(semconv.ATTR_SIGNAL)  # otel_train_signal
 
 _prom = semconv.prom

@@ -78,4 +78,4 @@ def test_collector_writes_the_names_the_dashboards_query(tmp_path):
         _, body = http_get(collector.metrics_url)
     assert expected <= found
     overlap = next(line for line in body.splitlines() if line.startswith(names.COMM_OVERLAP + "{"))
-    assert 'training_rank="0"' in overlap and "collective_op" not in overlap
+    assert 'training_rank="0"' in overlap and "training_collective_op" not in overlap

@@ -50,7 +50,7 @@ CONTRACT_SERIES = {
     f"{semconv.PROM_PHASE_DURATION}_count": (semconv.PROM_PHASE_LABEL,),
     semconv.PROM_SAMPLES: (),
     semconv.PROM_TOKENS: (),
-    semconv.PROM_TELEMETRY_DROPPED: (semconv.ATTR_SIGNAL,),
+    semconv.PROM_TELEMETRY_DROPPED: (semconv.PROM_SIGNAL_LABEL,),
 }
 
 
