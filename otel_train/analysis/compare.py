@@ -30,6 +30,7 @@ from otel_train.analysis.compare_runs import (
     SYMPTOMS,
     Figure,
     RunData,
+    in_points,
     load_run,
 )
 from otel_train.analysis.compare_stats import (
@@ -66,20 +67,34 @@ RANK_SHARE = 0.5
 
 @dataclass(frozen=True)
 class Threshold:
-    """How much worse a figure may get before its gate fails: relatively (0.05: 5%), or by
-    ``amount`` seconds (``absolute``: figures with no relative change, or where 0 is near)."""
+    """How much worse a figure may get before its gate fails: relatively (0.05: 5%), by
+    ``amount`` seconds (``absolute``: figures with no relative change, or where 0 is near),
+    or by a share of the baseline's mean step (``of_step``: a part of the step, ``+5%step``:
+    a part of 2% of the step that grows by half moves the step by 1%)."""
 
     amount: float
     absolute: bool = False
+    of_step: bool = False
 
     def text(self, figure: Figure) -> str:
         sign = "+" if figure.better == LOWER else "-"
+        if self.absolute and in_points(figure):
+            return f"{sign}{self.amount * 100:g} pts"
         if self.absolute:
             return f"{sign}{_signed_s(self.amount)[1:]}"
-        return f"{sign}{self.amount * 100:g}%"
+        return f"{sign}{self.amount * 100:g}%{'step' if self.of_step else ''}"
 
 
 DEFAULT_GATES.update(step_time=Threshold(0.05), samples_per_s=Threshold(0.05))
+#: every ranked row's threshold by default (``compare(gates=DEFAULT_THRESHOLDS)``, or each as
+#: ``--gate``): 5% for the rates and step times, 5% of the baseline's step for a part of the
+#: step, the tolerance of a row without an interval; what the false-alarm benchmark holds
+#: every row to (bench/results/compare-false-alarms.md)
+DEFAULT_THRESHOLDS: dict[str, Threshold] = {
+    figure.key: (Threshold(0.05, of_step=True) if figure.key in PART_LABELS
+                 else Threshold(0.05) if figure.stepwise and figure.relative
+                 else Threshold(figure.tolerance or 0.0, absolute=in_points(figure)))
+    for figure in FIGURES if figure.better is not None and figure.relative}
 
 
 @dataclass
@@ -200,7 +215,9 @@ def compare(runs: list[RunData], gates: dict[str, Threshold] | None = None,
     by_key = {row.figure.key: row for row in rows}
     where = [_where(runs[0], run, by_key["step_time"].cells[i - 1])
              for i, run in enumerate(runs) if i]
-    return Comparison(runs, rows, where, gates, _gate(rows, gates), resamples, seed)
+    base_step = runs[0].value("step_time")
+    return Comparison(runs, rows, where, gates, _gate(rows, gates, base_step), resamples,
+                      seed)
 
 
 def _row(figure: Figure, runs: list[RunData],
@@ -233,7 +250,8 @@ def _cell(run: str, figure: Figure, found: Change, too_few: bool) -> Cell:
         cell.verdict = _direction(figure, found.delta) if detected else NO_DIFFERENCE
     elif figure.stepwise:  # too few steps, or a figure missing from many replicates
         cell.verdict = TOO_FEW_STEPS if too_few else NO_INTERVAL
-    elif found.delta and (found.change is None or abs(found.change) > (figure.tolerance or 0)):
+    elif found.delta and (abs(found.delta) > (figure.tolerance or 0) if in_points(figure) else
+                          found.change is None or abs(found.change) > (figure.tolerance or 0)):
         cell.verdict = _direction(figure, found.delta)
     return cell
 
@@ -245,14 +263,20 @@ def _direction(figure: Figure, delta: float) -> str:
     return BETTER if lower == (figure.better == LOWER) else WORSE
 
 
-def worse_by(figure: Figure, cell: Cell, absolute: bool = False) -> float:
-    """How much worse the run is (negative: better): relatively, or in the figure's unit
-    (``absolute``); infinite where the baseline is 0 and the run is worse."""
+def worse_by(figure: Figure, cell: Cell, absolute: bool = False,
+             of_step: float | None = None) -> float:
+    """How much worse the run is (negative: better): relatively, in the figure's unit
+    (``absolute``), or as a share of ``of_step`` (the baseline's mean step, s); infinite
+    where the baseline (or its step) is 0 and the run is worse."""
     if cell.delta is None:
         return 0.0
     sign = 1.0 if figure.better == LOWER else -1.0
     if absolute:
         return sign * cell.delta
+    if of_step is not None:
+        if of_step > 0:
+            return sign * cell.delta / of_step
+        return math.inf if sign * cell.delta > 0 else -math.inf
     if cell.change is None:
         return math.inf if sign * cell.delta > 0 else -math.inf
     return sign * cell.change
@@ -261,9 +285,11 @@ def worse_by(figure: Figure, cell: Cell, absolute: bool = False) -> float:
 # --- the gate -----------------------------------------------------------------------------------
 
 
-def _gate(rows: list[Row], gates: dict[str, Threshold]) -> list[GateFailure]:
+def _gate(rows: list[Row], gates: dict[str, Threshold],
+          base_step: float | None) -> list[GateFailure]:
     """A figure fails its gate where it is worse beyond the threshold and its interval
-    excludes zero (a figure without an interval: beyond the threshold alone)."""
+    excludes zero (a figure without an interval: beyond the threshold alone); a threshold
+    in a share of the step is taken of the baseline's mean step (``base_step``, s)."""
     failures = []
     by_key = {row.figure.key: row for row in rows}
     for key, threshold in gates.items():
@@ -271,7 +297,8 @@ def _gate(rows: list[Row], gates: dict[str, Threshold]) -> list[GateFailure]:
         for cell in row.cells:
             if cell.verdict not in (WORSE, NO_INTERVAL, TOO_FEW_STEPS):
                 continue
-            if worse_by(row.figure, cell, threshold.absolute) > threshold.amount:
+            of_step = (base_step or 0.0) if threshold.of_step else None
+            if worse_by(row.figure, cell, threshold.absolute, of_step) > threshold.amount:
                 failures.append(GateFailure(
                     cell.run, key, threshold.text(row.figure), cell.change,
                     cell.change_interval, cell.delta, cell.delta_interval))
@@ -279,13 +306,14 @@ def _gate(rows: list[Row], gates: dict[str, Threshold]) -> list[GateFailure]:
 
 
 GATE_PATTERN = re.compile(r"^\s*([a-z_0-9]+)\s*=\s*(?:([+-]?)(\d+(?:\.\d*)?|\.\d+)\s*"
-                          r"(%|ms|s|us|µs)|(off))\s*$")
+                          r"(%step|%|ms|s|us|µs)|(off))\s*$")
 SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 
 
 def parse_gate(raw: str) -> tuple[str, Threshold | None]:
     """An argparse ``type``: ``KEY=+3%`` (worse by more than 3%: for a figure where higher
-    is better, ``-3%``; the sign may be left out), ``KEY=+2ms`` (figures in seconds), or
+    is better, ``-3%``; the sign may be left out), ``KEY=+2ms`` (figures in seconds),
+    ``KEY=+5%step`` (a part of the step: by 5% of the baseline's mean step), or
     ``KEY=off``."""
     match = GATE_PATTERN.match(raw)
     if not match:
@@ -304,6 +332,12 @@ def parse_gate(raw: str) -> tuple[str, Threshold | None]:
             f"{raw!r}: {figure.better} is better for {key}, so its threshold is a "
             f"{'rise' if figure.better == LOWER else 'fall'}: write {key}={worse_sign}"
             f"{number}{unit}")
+    if unit == "%step":
+        if key not in PART_LABELS:
+            raise argparse.ArgumentTypeError(
+                f"{raw!r}: only a part of the step has a threshold in %step (parts: "
+                f"{', '.join(PART_LABELS)})")
+        return key, Threshold(float(number) / 100, of_step=True)
     if unit == "%":
         if not figure.relative:
             raise argparse.ArgumentTypeError(
@@ -491,7 +525,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              + ")")
     parser.add_argument("--jaeger", metavar="URL",
                         help="read each RUN as a run id from this Jaeger's query API (its "
-                             "traces: rows from metrics are not recorded)")
+                             "traces: the per-step rows)")
+    parser.add_argument("--prometheus", metavar="URL",
+                        help="with --jaeger: read each run's totals (memory, overlap, "
+                             "compile, goodput, MFU) from this Prometheus")
     parser.add_argument("--json", action="store_true", help="print the comparison as JSON")
     parser.add_argument("--html", type=Path, metavar="FILE",
                         help="also write the runs side by side as one HTML file")
@@ -514,6 +551,9 @@ def run(args: argparse.Namespace) -> int:
 
     if len(args.runs) < 2:
         return _fail(f"give at least two runs, the baseline first (got {len(args.runs)})")
+    if args.prometheus and not args.jaeger:
+        return _fail("--prometheus gives the runs' totals; their steps come from the traces: "
+                     "give --jaeger URL too (or the run directories, which hold both)")
     unwritable = args.html and cannot_write(args.html)
     if unwritable:
         return _fail(f"--html {unwritable}")
@@ -524,14 +564,20 @@ def run(args: argparse.Namespace) -> int:
 
                 dirs = [from_jaeger(args.jaeger, str(run_id), Path(scratch) / str(i))
                         for i, run_id in enumerate(args.runs)]
+                if args.prometheus:
+                    from otel_train.analysis.live import add_prometheus, first_start_ns
+
+                    for d, run_id in zip(dirs, args.runs, strict=True):
+                        add_prometheus(args.prometheus, str(run_id), d, first_start_ns(d))
             else:
                 dirs = [resolve_run_dir(path) for path in args.runs]
             with damage_on_stderr():
                 runs = [load_run(d, label)
                         for d, label in zip(dirs, labels(dirs), strict=True)]
             if args.jaeger:  # read from a scratch directory, gone once compared
+                also = f" + {args.prometheus}" if args.prometheus else ""
                 for loaded, run_id in zip(runs, args.runs, strict=True):
-                    loaded.path = f"{args.jaeger} {run_id}"
+                    loaded.path = f"{args.jaeger}{also} {run_id}"
         except OSError as err:
             return _fail(str(err))
     result = compare(runs, gates_of(args.gate), args.resamples, args.seed)
@@ -554,4 +600,4 @@ def labels(dirs: list[Path]) -> list[str]:
     return out
 
 
-__all__ = ["HIGHER", "LOWER", "compare", "load_run", "parse_gate", "register", "run"]
+__all__ = ["DEFAULT_THRESHOLDS", "HIGHER", "LOWER", "compare", "load_run", "parse_gate", "register", "run"]

@@ -13,6 +13,7 @@ from otel_train.analysis.compare import (
     Comparison,
     Row,
 )
+from otel_train.analysis.compare_runs import in_points
 from otel_train.analysis.compare_stats import CONFIDENCE, MIN_STEPS
 from otel_train.analysis.terminal import fmt_bytes, fmt_s
 
@@ -59,10 +60,11 @@ def _signed(unit: str, value: float) -> str:
 def verdict_text(row: Row, cell: Cell) -> str:
     if cell.verdict == NO_INTERVAL and not cell.delta:
         return "same (no interval)"
+    unit = " pts" if in_points(row.figure) else "%"
     if cell.verdict == NO_INTERVAL and row.figure.tolerance is not None:
-        return f"within ±{row.figure.tolerance * 100:g}% (no interval)"
+        return f"within ±{row.figure.tolerance * 100:g}{unit} (no interval)"
     if cell.verdict in (BETTER, WORSE) and not row.figure.stepwise:
-        return f"{cell.verdict} (beyond ±{(row.figure.tolerance or 0) * 100:g}%)"
+        return f"{cell.verdict} (beyond ±{(row.figure.tolerance or 0) * 100:g}{unit})"
     return cell.verdict
 
 

@@ -61,15 +61,24 @@ PART_LABELS = {
 
 #: the tolerances of the rows without an interval (docs/compare.md): memory is nearly
 #: deterministic for one configuration; compile time varies with the machine's load and
-#: caches; goodput of short runs is mostly their startup, which varies as much
+#: caches. A ratio's (overlap, goodput) is in points, not relative: goodput of short runs is
+#: mostly their startup, a few % of the wall clock, and 5% of that is a tenth of a point
 MEMORY_TOLERANCE = 0.02
 OVERLAP_TOLERANCE = 0.05
 COMPILE_TOLERANCE = 0.20
-GOODPUT_TOLERANCE = 0.05
+GOODPUT_TOLERANCE = 0.02
+
+
+def in_points(figure: Figure) -> bool:
+    """Is the figure's tolerance (and default threshold) a difference in points (a ratio)
+    rather than a relative change?"""
+    return figure.unit == "ratio"
+
 
 FIGURES: tuple[Figure, ...] = (
     Figure("samples_per_s", "samples/s (steady)", "samples/s", HIGHER),
     Figure("tokens_per_s", "tokens/s (steady)", "tokens/s", HIGHER),
+    Figure("mfu", "MFU (steady)", "ratio", HIGHER),
     Figure("step_time", "step time, mean", "s", LOWER),
     Figure("step_time_median", "step time, median", "s", LOWER),
     Figure("step_time_p95", "step time, p95", "s", LOWER),
@@ -195,11 +204,30 @@ def _statistics(table: StepTable, by_rank: dict[int, list[int]], steps: list[int
         pairs = _rate_pairs(table, by_rank, cells, column, index, report)
         if pairs:
             out[key] = RatioOfSums(pairs)
+    mfu = _mfu_series(table, cells)
+    if mfu is not None:
+        out["mfu"] = RatioOfSums([mfu])
     if waited_for is not None and len(by_rank) > 1:
         wait = [_others_wait(step, waited_for) for step in parts]
         out["straggler_wait"] = RatioOfSums([([w or 0.0 for w in wait],
                                               [0.0 if w is None else 1.0 for w in wait])])
     return out
+
+
+def _mfu_series(table: StepTable, cells: list[dict[int, int]]
+                ) -> tuple[list[float], list[float]] | None:
+    """The run's MFU as one ratio of sums: per step, the ranks' mean of MFU times step
+    seconds over their mean step seconds (a time-weighted mean: the model FLOPs of the steps
+    over their time, over the peak). None unless every steady rank step says its MFU (the
+    FLOPs a step and the peak known: docs/telemetry.md)."""
+    if not cells or any(table.mfu[row] < 0 for cell in cells for row in cell.values()):
+        return None
+    num, den = [], []
+    for cell in cells:
+        rows = list(cell.values())
+        num.append(_mean([table.mfu[r] * table.durations[r] for r in rows]))
+        den.append(_mean([table.durations[r] for r in rows]) if rows else 0.0)
+    return num, den
 
 
 def _mean(values: list[float]) -> float:

@@ -181,6 +181,9 @@ class StepTable:
     #: ``training.tokens`` of its rank_step span), -1 where the span does not say
     samples: array = field(default_factory=lambda: array("d"))
     tokens: array = field(default_factory=lambda: array("d"))
+    #: the step's model FLOPs utilisation (``training.mfu`` of its rank_step span: where
+    #: the FLOPs a step and the peak are known), -1 where the span does not say
+    mfu: array = field(default_factory=lambda: array("d"))
 
     def add(self, attrs: dict[str, Any], resource: dict[str, Any], duration_s: float,
             events: list[dict[str, Any]] | None = None) -> None:
@@ -205,6 +208,7 @@ class StepTable:
             column.append(float(attrs.get(sc.ATTR_PHASE_GPU_TOTAL_PREFIX + phase, 0.0)))
         self.samples.append(float(attrs.get(sc.ATTR_SAMPLES, -1.0)))
         self.tokens.append(float(attrs.get(sc.ATTR_TOKENS, -1.0)))
+        self.mfu.append(float(attrs.get(sc.ATTR_MFU, -1.0)))
 
     def extend(self, other: StepTable) -> None:
         base = len(self.steps)
@@ -220,14 +224,15 @@ class StepTable:
                 column.extend(theirs[name])
         self.samples.extend(other.samples)
         self.tokens.extend(other.tokens)
+        self.mfu.extend(other.mfu)
 
     def pad(self) -> StepTable:
         """Zeros for the untimed parts and GPU times of rows added without them, and -1
-        (not said) for their samples and tokens (tables built column by column)."""
+        (not said) for their samples, tokens and MFU (tables built column by column)."""
         for columns in (self.untimed_parts, self.gpu_phases):
             for column in columns.values():
                 column.extend([0.0] * (len(self.steps) - len(column)))
-        for column in (self.samples, self.tokens):
+        for column in (self.samples, self.tokens, self.mfu):
             column.extend([-1.0] * (len(self.steps) - len(column)))
         return self
 

@@ -15,6 +15,7 @@ from support import report_fixtures as rf
 from otel_train import semconv as sc
 from otel_train.analysis.compare import (
     BETTER,
+    DEFAULT_THRESHOLDS,
     NO_DIFFERENCE,
     SCHEMA,
     TOO_FEW_STEPS,
@@ -198,9 +199,10 @@ def test_the_figures_are_the_reports(synthetic) -> None:
 def test_the_same_configuration_shows_no_detectable_difference(synthetic) -> None:
     result = _compare(synthetic["base"], synthetic["again"])
     for row in result.rows:
-        if row.figure.stepwise and row.figure.key != "straggler_wait":
+        if row.figure.stepwise and row.figure.key not in ("straggler_wait", "mfu"):
             assert row.cells[0].verdict == NO_DIFFERENCE, (row.figure.key, row.cells[0])
     assert "no different from" in result.where[0].sentence
+    assert _row(result, "mfu").cells[0].verdict == "not recorded"  # these steps say none
 
 
 def test_a_run_against_itself_shows_no_difference_on_every_row(synthetic) -> None:
@@ -227,6 +229,28 @@ def test_the_json_document(synthetic, capsys) -> None:
     assert doc["where"][0]["parts"][0]["part"] == "backward"
 
 
+def test_mfu_where_the_steps_say_it(tmp_path) -> None:
+    """MFU from the rank steps' ``training.mfu``: the time-weighted mean over the steady
+    steps (the model FLOPs over their time), lower with backward 10% longer on one rank
+    (every step longer), and ``not recorded`` where a run's steps do not say it."""
+    spec = {"ranks": 2, "steps": 40, "spike_steps": (), "mfu_at_1s": 0.05}
+    base = rf.write_run(rf.RunSpec(run_id="mfu-base", seed=1, **spec), tmp_path)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rf, "simulate_step", slowed_backward(1, 1.5))
+        slow = rf.write_run(rf.RunSpec(run_id="mfu-slow", seed=2, **spec), tmp_path)
+    plain = rf.write_run(rf.RunSpec(run_id="no-mfu", seed=1, **{**spec, "mfu_at_1s": None}),
+                         tmp_path)
+    result = _compare(base, slow, plain)
+    row = _row(result, "mfu")
+    runs = [load_run(base, "b")]
+    steady = runs[0].steady_steps
+    assert steady >= 10 and row.values[0] is not None
+    # the time-weighted mean: 0.05 s-worth of peak FLOPs a step over the mean step
+    assert row.values[0] == pytest.approx(0.05 / runs[0].value("step_time"), rel=1e-9)
+    assert row.cells[0].verdict == WORSE and row.cells[0].change_interval[1] < 0
+    assert row.values[2] is None and row.cells[1].verdict == "not recorded"
+
+
 def test_runs_too_short_for_an_interval_say_so(tmp_path) -> None:
     short = rf.write_run(rf.RunSpec(run_id="short", steps=8, spike_steps=()), tmp_path)
     result = _compare(short, short)
@@ -250,6 +274,26 @@ def test_the_gate_fails_a_worse_run_and_passes_the_same_run(synthetic, capsys) -
     assert main(["compare", base, slow, "--gate", "backward=+1ms", "--resamples", "200"]) == 1
     assert main(["compare", base, slow, "--gate", "samples_per_s=-1%",
                  "--gate", "step_time=off", "--resamples", "200"]) == 1
+    # a part held to a share of the step: backward grew by ~2.6% of the step
+    assert main(["compare", base, slow, "--gate", "backward=+1%step", "--resamples", "200"]) == 1
+    assert main(["compare", base, slow, "--gate", "backward=+5%step", "--resamples", "200"]) == 0
+    assert "backward +1%step" in capsys.readouterr().out
+
+
+def test_every_row_at_its_default_threshold(synthetic) -> None:
+    """DEFAULT_THRESHOLDS holds every ranked row: nothing fails for a run against itself, the
+    planted slowdown (backward +10% on one rank: ~2.6% of the step) fails none of them either
+    (the parts are held to 5% of the step), and at 1% of the step backward fails."""
+    runs = [load_run(synthetic["base"], "base"), load_run(synthetic["slow"], "slow")]
+    assert set(DEFAULT_THRESHOLDS) == {f.key for f in FIGURES
+                                      if f.better is not None and f.relative}
+    assert DEFAULT_THRESHOLDS["backward"].of_step
+    assert DEFAULT_THRESHOLDS["goodput"].absolute  # points, not relative
+    assert not compare([runs[0], runs[0]], gates=DEFAULT_THRESHOLDS, resamples=200).failures
+    assert not compare(runs, gates=DEFAULT_THRESHOLDS, resamples=200).failures
+    tight = {**DEFAULT_THRESHOLDS, "backward": parse_gate("backward=+1%step")[1]}
+    failed = compare(runs, gates=tight, resamples=200).failures
+    assert [(f.key, f.threshold) for f in failed] == [("backward", "+1%step")]
 
 
 def test_the_gate_passes_a_better_run(synthetic) -> None:
@@ -263,6 +307,8 @@ def test_gate_syntax() -> None:
     threshold = parse_gate("straggler_wait=+2ms")[1]
     assert threshold.absolute and threshold.amount == pytest.approx(0.002)
     assert parse_gate("step_time=off") == ("step_time", None)
+    share = parse_gate("exposed_comm=+5%step")[1]
+    assert share.of_step and not share.absolute and share.amount == pytest.approx(0.05)
 
 
 @pytest.mark.parametrize(("argv", "said"), [
@@ -272,6 +318,7 @@ def test_gate_syntax() -> None:
     (["compare", "RUN", "RUN", "--gate", "speed=+3%"], "no figure 'speed'"),
     (["compare", "RUN", "RUN", "--gate", "samples_per_s=+3%"], "write samples_per_s=-3%"),
     (["compare", "RUN", "RUN", "--gate", "straggler_wait=+3%"], "in ms or s"),
+    (["compare", "RUN", "RUN", "--gate", "step_time=+3%step"], "only a part of the step"),
     (["compare", "RUN", "RUN", "--html", "/nonexistent/x.html"], "does not exist"),
 ])
 def test_argument_errors_are_one_line(synthetic, capsys, argv, said) -> None:
@@ -300,7 +347,7 @@ def test_html_puts_the_runs_side_by_side(synthetic, tmp_path, capsys) -> None:
 @pytest.fixture(scope="module")
 def demo_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("demos")
-    return {seq: rf.run_demo(root, f"seq-{seq}", steps=20, extra_args=("--seq-len", seq))
+    return {seq: rf.run_demo(root, f"seq-{seq}", steps=80, extra_args=("--seq-len", seq))
             for seq in ("32", "128")}
 
 

@@ -117,3 +117,95 @@ def test_a_run_jaeger_never_saw_is_one_line(live, capsys) -> None:
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1, err
     assert "holds no span of run 'no-such-run'" in err, err
+
+
+# --- --prometheus: the runs' totals from a real Prometheus ---------------------------------
+
+#: rows whose figures come from the metrics (the run totals)
+FROM_METRICS = ("peak_memory", "reserved_memory", "comm_overlap", "compile_time",
+                "recompiles", "goodput")
+
+
+def _openmetrics(run_dirs: list[Path], at_s: float) -> str:
+    """The runs' metrics that ``compare --prometheus`` reads, each series' last point as
+    Prometheus would hold it (the contract's Prometheus names and labels), at ``at_s``:
+    OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``."""
+    from otel_train.analysis.live import PROMETHEUS_METRICS
+    from otel_train.analysis.metrics import read_metrics
+
+    families: dict[str, list[str]] = {}
+    for run_dir in run_dirs:
+        digest = read_metrics(run_dir)
+        for name in PROMETHEUS_METRICS:
+            metric = sc.METRICS[name]
+            for point in digest.series(name):
+                attrs = {**point.attributes, sc.ATTR_RUN_ID: run_dir.name}
+                labels = ",".join(f'{sc.prometheus_label(k)}="{v}"'
+                                  for k, v in sorted(attrs.items()))
+                samples = ([(f"{metric.prometheus}_sum", point.value),
+                            (f"{metric.prometheus}_count", float(point.count))]
+                           if metric.kind == sc.HISTOGRAM else
+                           [(metric.prometheus, point.value)])
+                for sample, value in samples:
+                    families.setdefault(sample, []).append(
+                        f"{sample}{{{labels}}} {value!r} {at_s:.3f}")
+    lines = []
+    for sample, rows in families.items():
+        lines += [f"# TYPE {sample} unknown", *rows]
+    return "\n".join([*lines, "# EOF"]) + "\n"
+
+
+@pytest.fixture(scope="module")
+def prometheus(live, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    import subprocess
+
+    from support.pipeline_fixtures import Prometheus, promtool_binary
+
+    _, base, slow = live
+    workdir = tmp_path_factory.mktemp("compare-prometheus")
+    text = _openmetrics([base, slow], time.time() - 30)
+    assert "training_goodput_time_seconds_total{" in text, text[:2000]
+    (workdir / "runs.om.txt").write_text(text)
+    data = workdir / "prometheus" / "data"
+    data.mkdir(parents=True)
+    subprocess.run([promtool_binary(), "tsdb", "create-blocks-from", "openmetrics",
+                    str(workdir / "runs.om.txt"), str(data)], check=True, capture_output=True,
+                   timeout=300)
+    server = Prometheus(workdir, targets={"otel-train-collector": [], "otel-train-ranks": [],
+                                          "otelcol": []}).start()
+    try:
+        wait_for("the runs' series loaded", lambda: server.query(
+            f'last_over_time(training_goodput_time_seconds_total'
+            f'{{training_run_id="{slow.name}"}}[10m])'), 60, on_timeout=server.log_tail)
+        yield server.url
+    finally:
+        server.kill()
+
+
+def test_runs_totals_read_from_prometheus_compare_as_their_files_do(live, prometheus,
+                                                                     capsys) -> None:
+    jaeger, base, slow = live
+    _, from_files = _json(capsys, str(base), str(slow))
+    _, from_live = _json(capsys, "--jaeger", jaeger.url, "--prometheus", prometheus,
+                         base.name, slow.name)
+    rows = {r["key"]: r for r in from_live["rows"]}
+    compared = 0
+    for row in from_files["rows"]:
+        if row["key"] not in FROM_METRICS or row["values"] == [None, None]:
+            continue
+        compared += 1
+        live_row = rows[row["key"]]
+        assert live_row["values"] == pytest.approx(row["values"], rel=1e-6), row["key"]
+        assert [c["verdict"] for c in live_row["changes"]] == \
+            [c["verdict"] for c in row["changes"]], row["key"]
+    assert compared >= 2, [r["key"] for r in from_files["rows"] if r["values"] != [None, None]]
+    assert rows["goodput"]["changes"][0]["verdict"] != "not recorded"
+    # the per-step rows are still the traces'
+    assert rows["step_time"]["changes"][0]["verdict"] == "worse"
+    assert from_live["runs"][0]["path"] == f"{jaeger.url} + {prometheus} {base.name}"
+
+
+def test_prometheus_without_jaeger_is_refused(capsys) -> None:
+    code = main(["compare", "--prometheus", "http://127.0.0.1:9", "a", "b"])
+    err = capsys.readouterr().err
+    assert code == 2 and "give --jaeger URL too" in err, err

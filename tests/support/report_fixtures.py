@@ -45,6 +45,9 @@ class RunSpec:
     extra: dict[str, Any] = field(default_factory=dict)
     #: the rank steps carry their samples and tokens (``training.samples``/``tokens``)
     step_samples: bool = True
+    #: the MFU of a 1 s step: each rank step says ``training.mfu`` = this / its seconds
+    #: (a fixed model's FLOPs over its time); None: no MFU, as where the peak is unknown
+    mfu_at_1s: float | None = None
     #: the ranks count ``training.goodput.time`` by bucket (runs before it did not)
     goodput: bool = True
     samples_per_step: int = 32
@@ -152,6 +155,8 @@ def _rank_step_spans(spec: RunSpec, step: int, rs: RankStep) -> list[dict[str, A
     if spec.step_samples:
         attrs[sc.ATTR_SAMPLES] = spec.samples_per_step
         attrs[sc.ATTR_TOKENS] = spec.samples_per_step * spec.tokens_per_sample
+    if spec.mfu_at_1s is not None:
+        attrs[sc.ATTR_MFU] = spec.mfu_at_1s / ((rs.end_ns - rs.start_ns) / 1e9)
     # the step's partition, as the SDK records it: here the phases are disjoint already
     duration = (rs.end_ns - rs.start_ns) / 1e9
     parts = {part: rs.phases.get(part, 0.0) for part in sc.PARTS}

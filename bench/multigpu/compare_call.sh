@@ -1,0 +1,26 @@
+#!/bin/bash
+# One device call (the `device` tool; carry `.whl`, the cp312 wheels otel-train needs there,
+# docs/gpu.md): the worked example of docs/compare.md. Eager and compiled FSDP2, RANKS (2)
+# NCCL ranks sharing GPU 0, STEPS (60) steps each, then `otel-train compare` on the two runs:
+# its table, JSON and HTML, and the runs themselves, under $OUT.
+set -u
+source bench/device_setup.sh
+export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 COLUMNS=220
+python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))' | tee "$OUT/versions.txt"
+rm -rf /tmp/cmp; mkdir -p /tmp/cmp
+for cfg in eager compiled; do
+  flag=""; [ "$cfg" = compiled ] && flag=--compiled
+  timeout "${RUN_TIMEOUT:-240}" torchrun --standalone --nproc-per-node "${RANKS:-2}" \
+    bench/multigpu/compare_example.py --out /tmp/cmp --run-id "$cfg" --steps "${STEPS:-60}" \
+    $flag > "$OUT/run-$cfg.log" 2>&1
+  echo "$cfg rc=$?"; grep -v "^\s*$" "$OUT/run-$cfg.log" | tail -3
+done
+python3 -m otel_train.cli compare /tmp/cmp/eager /tmp/cmp/compiled --gate step_time=off \
+  --gate samples_per_s=off > "$OUT/compare.txt" 2>&1; echo "compare rc=$?"
+python3 -m otel_train.cli compare /tmp/cmp/eager /tmp/cmp/compiled --json > "$OUT/compare.json"
+python3 -m otel_train.cli compare /tmp/cmp/eager /tmp/cmp/compiled --html "$OUT/compare.html" \
+  > /dev/null
+python3 -m otel_train.cli report /tmp/cmp/compiled > "$OUT/report-compiled.txt" 2>&1
+cat "$OUT/compare.txt"
+(cd /tmp/cmp && tar czf "$OUT/runs.tgz" eager compiled)
+ls -la "$OUT"
