@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_train import semconv as sc
 from otel_train.analysis.compare_runs import (
     BY_KEY,
     FIGURES,
@@ -136,6 +137,8 @@ class Where:
     run: str
     sentence: str
     parts: list[PartMove] = field(default_factory=list)
+    #: said where every compute part moved by about the same factor (:func:`_alike`)
+    alike: str | None = None
 
 
 @dataclass
@@ -375,7 +378,44 @@ def _where(base: RunData, run: RunData, step: Cell) -> Where:
     if everywhere:
         words += " on every rank"
     words += _waiting_words(moves, picked, step.delta)
-    return Where(run.label, f"{head}: {words}", picked)
+    alike = _alike(base, run, step.delta)
+    return Where(run.label, f"{head}: {words}{'; ' + alike if alike else ''}", picked, alike)
+
+
+#: the compute parts looked at for a change that scales them alike, those of at least this
+#: share of the baseline's step; alike when their ratios (run over baseline) are within
+#: ALIKE_SPREAD of each other and each moved by at least ALIKE_MIN
+ALIKE_PARTS = (sc.PART_FORWARD, sc.PART_BACKWARD, sc.PART_OPTIMIZER)
+ALIKE_SHARE = 0.05
+ALIKE_SPREAD = 1.15
+ALIKE_MIN = 0.05
+
+
+def _alike(base: RunData, run: RunData, step_delta: float) -> str | None:
+    """Where every compute part moved by about the same factor, in the step's direction:
+    what a slower or busier machine does (and a change that scales all compute, such as a
+    wider model), rather than one part's code. None otherwise."""
+    step_s = base.value("step_time") or 0.0
+    ratios = {}
+    for part in ALIKE_PARTS:
+        before, after = base.value(part), run.value(part)
+        if before is None or after is None or before < ALIKE_SHARE * step_s or before <= 0:
+            continue
+        ratios[part] = after / before
+    if len(ratios) < 2:
+        return None
+    low, high = min(ratios.values()), max(ratios.values())
+    sign = 1.0 if step_delta > 0 else -1.0
+    if high / low > ALIKE_SPREAD or min(sign * (r - 1) for r in ratios.values()) < ALIKE_MIN:
+        return None
+    names = [PART_LABELS[p] for p in ratios]
+    listed = (", ".join(names[:-1]) + " and " + names[-1]) if len(names) > 2 \
+        else " and ".join(names)
+    span = (_pct(low - 1) if _pct(low - 1) == _pct(high - 1)
+            else f"{_pct(low - 1)} to {_pct(high - 1)}")
+    return (f"{listed} all {span}: every compute part moved alike, as on a "
+            f"{'slower or busier' if sign > 0 else 'faster or quieter'} machine or with a "
+            "change that scales all compute, rather than one part's code")
 
 
 def _step_words(base: RunData, run: RunData, step: Cell) -> str:

@@ -78,6 +78,25 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"base": base, "again": again, "slow": slow}
 
 
+def scaled_compute(factor: float) -> Callable[..., list[rf.RankStep]]:
+    """report_fixtures' step with every rank's forward, backward and optimizer ``factor``
+    times as long: what a slower machine does to a whole run."""
+    simulate = rf.simulate_step
+
+    def step(spec: rf.RunSpec, rng: random.Random, step: int,
+             start_ns: int) -> list[rf.RankStep]:
+        out = simulate(spec, rng, step, start_ns)
+        for rs in out:
+            extra = 0.0
+            for phase in (sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHASE_OPTIMIZER):
+                extra += rs.phases[phase] * (factor - 1)
+                rs.phases[phase] *= factor
+            rs.end_ns += int(extra * 1e9)
+        return out
+
+    return step
+
+
 def _compare(*paths: Path) -> Comparison:
     return compare([load_run(p, label) for p, label in zip(paths, labels(list(paths)),
                                                           strict=True)], resamples=500)
@@ -227,6 +246,20 @@ def test_the_json_document(synthetic, capsys) -> None:
                                        "change_interval"}
     assert doc["gate"]["thresholds"] == {"step_time": "+5%", "samples_per_s": "-5%"}
     assert doc["where"][0]["parts"][0]["part"] == "backward"
+
+
+def test_every_compute_part_moving_alike_is_said(synthetic, tmp_path) -> None:
+    """A run whose every compute part is 30% longer (a slower machine) is called so; the
+    planted slowdown of one rank's backward is not."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rf, "simulate_step", scaled_compute(1.3))
+        slower = rf.write_run(rf.RunSpec(run_id="slower", seed=1, **QUIET), tmp_path)
+    where = _compare(synthetic["base"], slower).where[0]
+    assert where.alike is not None and "moved alike" in where.sentence, where.sentence
+    assert where.alike.startswith("forward, backward and optimizer all +30%"), where.alike
+    assert _compare(synthetic["base"], synthetic["slow"]).where[0].alike is None
+    faster = _compare(slower, synthetic["base"]).where[0]
+    assert faster.alike is not None and "faster or quieter" in faster.alike, faster.sentence
 
 
 def test_mfu_where_the_steps_say_it(tmp_path) -> None:
