@@ -17,6 +17,7 @@ A new cause is a module with a ``CAUSE`` (``name``, ``explain(case)``) and one l
 
 from __future__ import annotations
 
+from otel_train import ordered
 from otel_train.analysis.causes import (
     arrived_late,
     cpu_throttled,
@@ -60,19 +61,12 @@ DETAILS: list[Detail] = [
 def register(cause: Cause, before: str | None = own_phase.CAUSE.name) -> None:
     """Put ``cause`` in :data:`CAUSES` just before the one named ``before`` (the last
     resort, ``own_phase``, by default; None: last)."""
-    if any(c.name == cause.name for c in CAUSES):
-        raise ValueError(f"a cause named {cause.name!r} is registered already")
-    at = len(CAUSES)
-    if before is not None:
-        at = next((i for i, c in enumerate(CAUSES) if c.name == before), None)
-        if at is None:
-            raise ValueError(f"no cause named {before!r}")
-    CAUSES.insert(at, cause)
+    ordered.insert(CAUSES, cause, before, "cause")
 
 
 def unregister(name: str) -> None:
     """Take the cause named ``name`` out of :data:`CAUSES` (no error where it is not in)."""
-    CAUSES[:] = [c for c in CAUSES if c.name != name]
+    ordered.remove(CAUSES, name)
 
 
 def explain(blame: Blame, step: int, evidence: Evidence) -> SlowStep:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from otel_train import ordered
 from otel_train.sources.collectives import fr_route, plugin_route, wrapper_route
 from otel_train.sources.collectives.fr_route import FlightRecorderRoute
 from otel_train.sources.collectives.plugin_route import PluginRoute
@@ -51,19 +52,12 @@ SUPERSEDES: dict[str, frozenset[str]] = {
 def register(name: str, build: Build, before: str | None = None) -> None:
     """Add a route to :data:`ROUTES`: last, or before the one named ``before``. Ledgers made
     from then on build it (in this process: a rank registers it before ``instrument()``)."""
-    if any(entry.name == name for entry in ROUTES):
-        raise ValueError(f"a route named {name!r} is registered already")
-    at = len(ROUTES)
-    if before is not None:
-        at = next((i for i, entry in enumerate(ROUTES) if entry.name == before), None)
-        if at is None:
-            raise ValueError(f"no route named {before!r}")
-    ROUTES.insert(at, Entry(name, build))
+    ordered.insert(ROUTES, Entry(name, build), before, "route")
 
 
 def unregister(name: str) -> None:
     """Take the route named ``name`` out of :data:`ROUTES` (no error where it is not in)."""
-    ROUTES[:] = [entry for entry in ROUTES if entry.name != name]
+    ordered.remove(ROUTES, name)
 
 
 def build_routes(parts: Parts) -> list[Route]:
