@@ -2,7 +2,8 @@
 # One device call (the `device` tool; carry `.whl`, the cp312 wheels otel-train needs there,
 # docs/gpu.md): the worked example of docs/compare.md. Eager and compiled FSDP2, RANKS (2)
 # NCCL ranks sharing GPU 0, STEPS (60) steps each, then `otel-train compare` on the two runs:
-# its table, JSON and HTML, and the runs themselves, under $OUT.
+# its table, JSON and HTML, and the runs themselves, under $OUT. CPU_RUNS (0): then that many
+# 8-rank runs of the CPU straggler (tests/gpu/nccl_faults_train.py, FAULT=cpu) in steps 10-12.
 set -u
 source bench/device_setup.sh
 export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 COLUMNS=220
@@ -24,3 +25,13 @@ python3 -m otel_train.cli report /tmp/cmp/compiled > "$OUT/report-compiled.txt" 
 cat "$OUT/compare.txt"
 (cd /tmp/cmp && tar czf "$OUT/runs.tgz" eager compiled)
 ls -la "$OUT"
+# the CPU straggler at 8 ranks, three steps in a row (issue 53: its line lost now and then):
+# CPU_RUNS runs of it, each asserting the line in every injected step
+if [ "${CPU_RUNS:-0}" != 0 ]; then
+  faults=$(printf 'cpu,%.0s' $(seq "$CPU_RUNS"))
+  timeout "${PROOF_TIMEOUT:-300}" python3 bench/multigpu/nccl_faults.py --ranks "${RANKS_CPU:-8}" \
+    --out /tmp/proof --faults "$faults" --fault-steps cpu=10,11,12 \
+    --md "$OUT/nccl-cpu-straggler.md" > "$OUT/proof-cpu.log" 2>&1
+  echo "cpu proof rc=$?"; grep -E "^\| cpu|verdict" "$OUT/proof-cpu.log" | cut -c1-900
+  cp /tmp/proof/nccl-faults.json "$OUT/nccl-cpu-straggler.json" 2>/dev/null
+fi

@@ -140,9 +140,9 @@ def not_explained_shares(report: dict) -> dict[int, float]:
             / sum(row["phase_mean_s"].values()) for row in report["rank_rows"]}
 
 
-def run_fault(ranks: int, out: Path, fault: str) -> dict:
+def run_fault(ranks: int, out: Path, fault: str, name: str | None = None) -> dict:
     steps, extra = FAULTS[fault]
-    run_dir = launch(ranks, out / fault, fault, steps, extra)
+    run_dir = launch(ranks, out / (name or fault), fault, steps, extra)
     report = report_of(run_dir)
     sampled, whole = traces_hold_every_rank(run_dir, ranks)
     named, causes = expected(fault, ranks, report["slow_steps"])
@@ -232,12 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--cost-ranks", default="")
     parser.add_argument("--md", type=Path)
+    parser.add_argument("--fault-steps", action="append", default=[], metavar="FAULT=STEPS",
+                        help="the steps a fault is injected in (cpu=10,11,12: three in a "
+                             "row); a fault named more than once in --faults runs again")
     args = parser.parse_args(argv)
+    for given in args.fault_steps:
+        fault, _, steps = given.partition("=")
+        FAULTS[fault] = (steps, FAULTS[fault][1])
     results, costs = [], []
+    seen: dict[str, int] = {}
     for fault in [f for f in args.faults.split(",") if f]:
-        print(f"[nccl-faults] {fault} on {args.ranks} ranks", flush=True)
+        seen[fault] = seen.get(fault, 0) + 1
+        name = fault if seen[fault] == 1 else f"{fault}-{seen[fault]}"
+        print(f"[nccl-faults] {name} on {args.ranks} ranks", flush=True)
         try:
-            results.append(run_fault(args.ranks, args.out, fault))
+            results.append(run_fault(args.ranks, args.out, fault, name))
         except Exception as err:  # one fault's failure is a miss, not the end of the proof
             results.append({"fault": fault, "ranks": args.ranks, "ok": False,
                             "error": repr(err)[-2000:], "sampled_steps": 0,
