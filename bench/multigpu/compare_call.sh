@@ -30,7 +30,8 @@ if [ "${CPU_RUNS:-0}" != 0 ]; then
   faults=$(printf 'cpu,%.0s' $(seq "$CPU_RUNS"))
   timeout "${PROOF_TIMEOUT:-300}" python3 bench/multigpu/nccl_faults.py --ranks "${RANKS_CPU:-8}" \
     --out /tmp/proof --faults "$faults" --fault-steps cpu=10,11,12 \
-    --md "$OUT/nccl-cpu-straggler.md" > "$OUT/proof-cpu.log" 2>&1
+    > "$OUT/proof-cpu.log" 2>&1
   echo "cpu proof rc=$?"; grep -E "^\| cpu|verdict" "$OUT/proof-cpu.log" | cut -c1-900
   cp /tmp/proof/nccl-faults.json "$OUT/nccl-cpu-straggler.json" 2>/dev/null
+  (cd /tmp/proof && tar czf "$OUT/cpu-reports.tgz" */report.json) 2>/dev/null
 fi

@@ -29,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
-from bench_gpu import GPT, GPTConfig  # noqa: E402
+from bench_gpu import GPT, GPTConfig, flops_per_step  # noqa: E402
 
 import otel_train  # noqa: E402
 
@@ -72,8 +72,13 @@ def main() -> None:
         tokens = torch.randint(0, cfg.vocab, (cfg.batch, cfg.seq + 1), device=device,
                                generator=g)
         data.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    # the model's FLOPs a step, counted on a meta-device copy: otel-train counts them itself
+    # only for a model with no compiled parts (a dispatch mode around a compiled region could
+    # recompile), so both runs are given the same count and MFU is comparable
+    flops = flops_per_step(cfg)
     with otel_train.instrument(model, optimizer=opt, output_dir=args.out, run_id=args.run_id,
-                               tokens_per_step=cfg.batch * cfg.seq,
+                               samples_per_step=cfg.batch, tokens_per_step=cfg.batch * cfg.seq,
+                               flops_per_step=flops,
                                console_log_level="warning", shutdown_timeout_s=300):
         for step in range(args.steps):
             tokens, targets = data[step % len(data)]
