@@ -2,13 +2,14 @@
 # One device call (the `device` tool; carry `.whl`, the cp312 wheels otel-train needs there,
 # docs/gpu.md): the worked example of docs/compare.md. Eager and compiled FSDP2, RANKS (2)
 # NCCL ranks sharing GPU 0, STEPS (60) steps each, then `otel-train compare` on the two runs:
-# its table, JSON and HTML and the compiled run's report, under $OUT. CPU_RUNS (0): then that many
+# its table, JSON and HTML and the compiled run's report, under $OUT (COMPARE=0 skips it). CPU_RUNS (0): then that many
 # 8-rank runs of the CPU straggler (tests/gpu/nccl_faults_train.py, FAULT=cpu) in steps 10-12.
 set -u
 source bench/device_setup.sh
 export NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 COLUMNS=220
 python3 -c 'import torch; print("torch", torch.__version__, "nccl", torch.cuda.nccl.version(), torch.cuda.get_device_name(0))' | tee "$OUT/versions.txt"
 rm -rf /tmp/cmp; mkdir -p /tmp/cmp
+if [ "${COMPARE:-1}" != 0 ]; then
 for cfg in eager compiled; do
   flag=""; [ "$cfg" = compiled ] && flag=--compiled
   timeout "${RUN_TIMEOUT:-240}" torchrun --standalone --nproc-per-node "${RANKS:-2}" \
@@ -23,6 +24,7 @@ python3 -m otel_train.cli compare /tmp/cmp/eager /tmp/cmp/compiled --html "$OUT/
   > /dev/null
 python3 -m otel_train.cli report /tmp/cmp/compiled > "$OUT/report-compiled.txt" 2>&1
 cat "$OUT/compare.txt"
+fi
 ls -la "$OUT"
 # the CPU straggler at 8 ranks, three steps in a row (issue 53: its line lost now and then):
 # CPU_RUNS runs of it, each asserting the line in every injected step

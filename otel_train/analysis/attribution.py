@@ -100,12 +100,16 @@ def rank_breakdowns(table: StepTable, by_rank: dict[int, list[int]]) -> list[Ran
 
 
 def step_durations(table: StepTable, step_spans: dict[int, tuple[str, float]]) -> dict[int, float]:
-    """A step's duration: its ``training.step`` span, else its slowest rank's step."""
+    """A step's duration: its slowest rank's step, or its ``training.step`` span where that
+    is longer. The span is rank 0's step: where collectives run on the GPU (NCCL), rank 0's
+    host does not wait in the step another rank is late in, but in the next one, when it
+    blocks on its GPU; ranked by rank 0's time alone, the late rank's own step looked
+    typical and was never listed (issue 53: the CPU straggler's first step of three)."""
     durations: dict[int, float] = {}
     for step, seconds in zip(table.steps, table.durations, strict=True):
         durations[step] = max(durations.get(step, 0.0), seconds)
     for step, (_, seconds) in step_spans.items():
-        durations[step] = seconds
+        durations[step] = max(durations.get(step, 0.0), seconds)
     return durations
 
 
