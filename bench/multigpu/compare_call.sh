@@ -35,5 +35,8 @@ if [ "${CPU_RUNS:-0}" != 0 ]; then
     > "$OUT/proof-cpu.log" 2>&1
   echo "cpu proof rc=$?"; grep -E "^\| cpu|verdict" "$OUT/proof-cpu.log" | cut -c1-900
   cp /tmp/proof/nccl-faults.json "$OUT/nccl-cpu-straggler.json" 2>/dev/null
-  (cd /tmp/proof && tar czf "$OUT/cpu-reports.tgz" */report.json) 2>/dev/null
+  # each run's report, and the late rank's traces and logs (its gap events: what the
+  # sampler saw in each injected step)
+  (cd /tmp/proof && tar czf "$OUT/cpu-reports.tgz" */report.json \
+    */*/traces.rank-$(( ${RANKS_CPU:-8} - 1 )).jsonl */*/logs.rank-$(( ${RANKS_CPU:-8} - 1 )).jsonl) 2>/dev/null
 fi
