@@ -103,8 +103,8 @@ def step_durations(table: StepTable, step_spans: dict[int, tuple[str, float]]) -
     """A step's duration: its slowest rank's step, or its ``training.step`` span where that
     is longer. The span is rank 0's step: where collectives run on the GPU (NCCL), rank 0's
     host does not wait in the step another rank is late in, but in the next one, when it
-    blocks on its GPU; ranked by rank 0's time alone, the late rank's own step looked
-    typical and was never listed (issue 53: the CPU straggler's first step of three)."""
+    blocks on its GPU; ranked by rank 0's time alone, the late rank's own step would look
+    typical."""
     durations: dict[int, float] = {}
     for step, seconds in zip(table.steps, table.durations, strict=True):
         durations[step] = max(durations.get(step, 0.0), seconds)

@@ -2,10 +2,8 @@
 
 The step's root span (``training.step``) is rank 0's step. Where collectives run on the GPU
 (NCCL), a rank late on its host delays rank 0 one step later, when rank 0 blocks on its GPU:
-rank 0's own step is typical in the step the late rank spent 0.4 s in. Ranked by the root
-span alone, that step was never listed; on 8 NCCL ranks sharing an H100 with 0.4 s of host
-work on rank 7 in steps 10-12, step 10 was missing from the slowest steps in 2 runs of 2
-(bench/results/nccl-cpu-straggler-8-ranks-h100.md).
+rank 0's own step is typical in the step the late rank spent 0.4 s in, and ranked by the
+root span alone that step would not be listed (bench/results/nccl-cpu-straggler-8-ranks-h100.md).
 """
 
 from __future__ import annotations
