@@ -128,7 +128,8 @@ FROM_METRICS = ("peak_memory", "reserved_memory", "comm_overlap", "compile_time"
 
 def _openmetrics(run_dirs: list[Path], at_s: float) -> str:
     """The runs' metrics that ``compare --prometheus`` reads, each series' last point as
-    Prometheus would hold it (the contract's Prometheus names and labels), at ``at_s``:
+    Prometheus would hold it (the contract's Prometheus names and labels, each series from
+    two scrape jobs), at ``at_s``:
     OpenMetrics text for ``promtool tsdb create-blocks-from openmetrics``."""
     from otel_train.analysis.live import PROMETHEUS_METRICS
     from otel_train.analysis.metrics import read_metrics
@@ -146,9 +147,12 @@ def _openmetrics(run_dirs: list[Path], at_s: float) -> str:
                             (f"{metric.prometheus}_count", float(point.count))]
                            if metric.kind == sc.HISTOGRAM else
                            [(metric.prometheus, point.value)])
+                # each series twice, as Prometheus holds it when it scrapes a rank's own
+                # endpoint and the collector: compare must count it once
                 for sample, value in samples:
-                    families.setdefault(sample, []).append(
-                        f"{sample}{{{labels}}} {value!r} {at_s:.3f}")
+                    for job in ("otel-train-ranks", "otel-train-collector"):
+                        families.setdefault(sample, []).append(
+                            f'{sample}{{{labels},job="{job}"}} {value!r} {at_s:.3f}')
     lines = []
     for sample, rows in families.items():
         lines += [f"# TYPE {sample} unknown", *rows]
