@@ -142,9 +142,10 @@ def not_explained_shares(report: dict) -> dict[int, float]:
 
 def run_fault(ranks: int, out: Path, fault: str, name: str | None = None) -> dict:
     steps, extra = FAULTS[fault]
-    run_dir = launch(ranks, out / (name or fault), fault, steps, extra)
+    where = out / (name or fault)
+    run_dir = launch(ranks, where, fault, steps, extra)
     report = report_of(run_dir)
-    (out / (name or fault) / "report.json").write_text(json.dumps(report, default=str))
+    (where / "report.json").write_text(json.dumps(report, default=str))
     sampled, whole = traces_hold_every_rank(run_dir, ranks)
     named, causes = expected(fault, ranks, report["slow_steps"])
     shares = not_explained_shares(report)
