@@ -45,6 +45,9 @@ PHASE_COMPILE = "compile"
 #: caught up, or a CPU run); the rest of it is not explained
 PHASE_DEVICE_WAIT = "device_wait"
 PHASE_HOST_BUSY = "host_busy"
+#: untimed time's third part (GPU runs): the host blocked on its device while the device
+#: ran work queued outside the phases (loss, metrics, clipping, EMA between them)
+PHASE_GPU_OUTSIDE_PHASES = "gpu_outside_phases"
 #: the four phases the step hooks time themselves, in loop order
 TIMED_PHASES = (PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
 PHASE_SPAN = {
@@ -169,7 +172,8 @@ METRIC_COMPILE_GRAPH_BREAKS = "training.compile.graph_breaks"
 METRIC_COMPILE_RECOMPILES = "training.compile.recompiles"
 METRIC_CPU_THROTTLED_TIME = "training.cpu.throttled.time"
 #: the time outside every phase by part (sources/gaps.py): ``training.untimed.part`` is
-#: PHASE_DEVICE_WAIT or PHASE_HOST_BUSY (a counter: two series a rank, not two histograms)
+#: PHASE_DEVICE_WAIT, PHASE_GPU_OUTSIDE_PHASES or PHASE_HOST_BUSY (a counter: a series a
+#: part and rank, not histograms)
 METRIC_UNTIMED_TIME = "training.untimed.time"
 ATTR_UNTIMED_PART = "training.untimed.part"
 METRIC_MFU = "training.mfu"
@@ -191,13 +195,17 @@ PART_OPTIMIZER = PHASE_OPTIMIZER
 #: synchronous collective (inside the phases, or between them)
 PART_EXPOSED_COMM = PHASE_EXPOSED_COMM
 PART_COMPILE = PHASE_COMPILE
-#: outside every phase: the host blocked on the device, the host busy, the rest
+#: outside every phase: the host blocked on the device (while it ran the phases' work or
+#: waited in a collective; while it ran work queued outside the phases), the host busy, the
+#: rest
 PART_DEVICE_WAIT = PHASE_DEVICE_WAIT
+PART_GPU_OUTSIDE_PHASES = PHASE_GPU_OUTSIDE_PHASES
 PART_HOST_BUSY = PHASE_HOST_BUSY
 PART_NOT_EXPLAINED = "not_explained"
 #: every part, in the order every surface shows them
 PARTS = (PART_DATA_WAIT, PART_FORWARD, PART_BACKWARD, PART_OPTIMIZER, PART_EXPOSED_COMM,
-         PART_COMPILE, PART_DEVICE_WAIT, PART_HOST_BUSY, PART_NOT_EXPLAINED)
+         PART_COMPILE, PART_DEVICE_WAIT, PART_GPU_OUTSIDE_PHASES, PART_HOST_BUSY,
+         PART_NOT_EXPLAINED)
 #: Goodput (docs/telemetry.md "Goodput"): a rank's run split into productive time and
 #: named losses, the counter ``training.goodput.time`` by ``training.goodput.bucket``
 METRIC_GOODPUT_TIME = "training.goodput.time"
@@ -341,6 +349,12 @@ METRIC_COMPILE_INCONSISTENT = "training.compile.inconsistent"
 # --- GPU telemetry (sources/gpu/cuda_timing.py, memory.py, mfu.py, profiler.py; docs/gpu.md) ---
 #: on train.rank_step: GPU-timed per-phase totals in seconds (CUDA events, current stream)
 ATTR_PHASE_GPU_TOTAL_PREFIX = "training.phase_gpu_total."
+#: on train.rank_step: GPU seconds of work queued between the step's GPU-timed phases
+#: (and between the step before's last one and its first), beyond the host's own time there:
+#: where the device was busy, or behind the host, with work no phase holds (cuda_timing.py);
+#: and the stretch that held most of it ("between forward and backward")
+ATTR_GPU_OUTSIDE_PHASES = "training.rank_step.gpu_outside_phases_s"
+ATTR_GPU_OUTSIDE_SEGMENT = "training.rank_step.gpu_outside_phases.segment"
 #: on train.rank_step: GPU time from the step's first phase marker to its last
 ATTR_STEP_GPU_DURATION = "training.rank_step.gpu_duration_s"
 #: span attributes' names before 0.2.0, which the report still reads: new name -> old name
@@ -498,8 +512,9 @@ _DEFINITIONS = (
     # sources/gaps.py
     Metric(METRIC_UNTIMED_TIME, COUNTER, "s",
            "Time outside every phase, by training.untimed.part: device_wait (the host "
-           "blocked on the device, still running earlier work) and host_busy (the host's own "
-           "work while the device had caught up); the rest of it is not explained."),
+           "blocked on the device, still running earlier work), gpu_outside_phases (blocked "
+           "while the device ran work queued outside the phases) and host_busy (the host's "
+           "own work while the device had caught up); the rest of it is not explained."),
     # emitter/steps.py (otel_train/partition.py)
     Metric(METRIC_STEP_TIME, COUNTER, "s",
            "Step time per rank, by training.part: the disjoint parts each step is split into "

@@ -12,8 +12,9 @@ given to one part, the first that matches:
 3. the phase the host was in: ``data_wait``, ``forward``, ``backward``, ``optimizer`` (what
    is left of a compute phase is its own compute). A collective in flight during a data
    wait does not take its time: the host waited for data, whatever the network did;
-4. outside every phase: ``device_wait`` and ``host_busy`` as the gap sampler measured them
-   (sources/gaps.py), capped to what is left; of the rest, the time a collective was in
+4. outside every phase: ``device_wait``, ``gpu_outside_phases`` (the host blocked while its
+   device ran work queued outside the phases) and ``host_busy`` as the gap sampler measured
+   them (sources/gaps/), capped to what is left; of the rest, the time a collective was in
    flight is ``exposed_comm`` (the host waited and the network had work), and what remains
    is ``not_explained``.
 
@@ -80,6 +81,7 @@ _DATA_WAIT_AT, _COMM_AT, _COMPILE_AT = (_AT[sc.PART_DATA_WAIT], _AT[sc.PART_EXPO
                                         _AT[sc.PART_COMPILE])
 _DEVICE_AT, _BUSY_AT, _NOT_EXPLAINED_AT = (_AT[sc.PART_DEVICE_WAIT], _AT[sc.PART_HOST_BUSY],
                                            _AT[sc.PART_NOT_EXPLAINED])
+_GPU_OUTSIDE_AT = _AT[sc.PART_GPU_OUTSIDE_PHASES]
 
 
 def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
@@ -89,19 +91,21 @@ def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
 
     ``phases``: (phase, start, end) of the step's phase spans; ``exposed``: the intervals of
     exposed communication; ``compiles``: the compilations; ``outside``: ns of the time
-    outside the phases the host was blocked on the device (``device_wait``) or busy
+    outside the phases the host was blocked on the device (``device_wait``; while the
+    device ran work queued outside the phases: ``gpu_outside_phases``) or busy
     (``host_busy``). Every part is present (0 where none); the values add up to ``hi - lo``.
     """
     outside = outside or {}
     return dict(zip(sc.PARTS, partition_ns(
         lo, hi, [(phase, 0, start, end) for phase, start, end in phases], list(exposed),
         list(compiles), int(outside.get(sc.PART_DEVICE_WAIT, 0)),
-        int(outside.get(sc.PART_HOST_BUSY, 0))), strict=True))
+        int(outside.get(sc.PART_HOST_BUSY, 0)),
+        int(outside.get(sc.PART_GPU_OUTSIDE_PHASES, 0))), strict=True))
 
 
 def partition_ns(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
                  exposed: Sequence[Interval], compiles: Sequence[Interval],
-                 device_wait: int, host_busy: int) -> list[int]:
+                 device_wait: int, host_busy: int, gpu_outside: int = 0) -> list[int]:
     """:func:`partition` as the emitter thread calls it once a step: the phases as the
     tracker records them, (phase, micro-batch, start, end); the parts' ns in
     ``semconv.PARTS``' order.
@@ -116,13 +120,13 @@ def partition_ns(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
     if not exposed and not compiles:
         covered = _phases_in_order(lo, hi, phases, parts)
         if covered is not None:
-            return _outside(parts, hi - lo - covered, 0, device_wait, host_busy)
+            return _outside(parts, hi - lo - covered, 0, device_wait, host_busy, gpu_outside)
         parts = [0] * len(sc.PARTS)
     ns = _sweep(lo, hi, phases, exposed, compiles)
     for category, at in enumerate(_CATEGORY_AT):
         parts[at] += ns[category]
     return _outside(parts, ns[_OUTSIDE] + ns[_OUTSIDE_COMM], ns[_OUTSIDE_COMM], device_wait,
-                    host_busy)
+                    host_busy, gpu_outside)
 
 
 def _phases_in_order(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
@@ -185,15 +189,17 @@ def _sweep(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int]],
 
 
 def _outside(parts: list[int], left: int, with_comm: int, device_wait: int,
-             host_busy: int) -> list[int]:
-    """The ``left`` ns outside every phase given out: blocked on the device, host busy (the
-    gap sampler's figures, capped), then communication in flight (``with_comm`` of it),
-    then not explained."""
+             host_busy: int, gpu_outside: int = 0) -> list[int]:
+    """The ``left`` ns outside every phase given out: blocked on the device, blocked while
+    it ran work queued outside the phases, host busy (the gap sampler's figures, capped),
+    then communication in flight (``with_comm`` of it), then not explained."""
     device = min(max(device_wait, 0), left)
-    busy = min(max(host_busy, 0), left - device)
-    rest = left - device - busy
+    gpu = min(max(gpu_outside, 0), left - device)
+    busy = min(max(host_busy, 0), left - device - gpu)
+    rest = left - device - gpu - busy
     comm = min(with_comm, rest)
     parts[_DEVICE_AT] = device
+    parts[_GPU_OUTSIDE_AT] = gpu
     parts[_BUSY_AT] = busy
     parts[_COMM_AT] += comm
     parts[_NOT_EXPLAINED_AT] += rest - comm
@@ -226,7 +232,8 @@ def goodput_list(parts: Sequence[float], warmup: bool, before: float,
     out[_B[sc.GOODPUT_DATA_WAIT]] = parts[_DATA_WAIT_AT]
     out[_B[sc.GOODPUT_EXPOSED_COMM]] = parts[_COMM_AT]
     out[_B[sc.GOODPUT_DEVICE_WAIT]] = parts[_DEVICE_AT]
-    out[_B[sc.GOODPUT_OUTSIDE_PHASES]] = parts[_BUSY_AT] + parts[_NOT_EXPLAINED_AT]
+    out[_B[sc.GOODPUT_OUTSIDE_PHASES]] = (parts[_GPU_OUTSIDE_AT] + parts[_BUSY_AT]
+                                          + parts[_NOT_EXPLAINED_AT])
     return out
 
 

@@ -87,8 +87,10 @@ def _breakdown(board: dash.Dashboard) -> None:
             "Each step's wall time is split into disjoint parts (training_step_time_seconds_total "
             "by training_part): data_wait, forward, backward, optimizer (the compute phases' own "
             "time, less the exposed communication and compile inside them), exposed_comm, "
-            "compile, device_wait (the host blocked on its device), host_busy (the host's own "
-            "work outside the phases) and not_explained (what nothing holds). Seconds per part "
+            "compile, device_wait (the host blocked on its device), gpu_outside_phases (blocked "
+            "while its device ran work queued outside the phases: a loss, metrics, clipping), "
+            "host_busy (the host's own work outside the phases) and not_explained (what nothing "
+            "holds). Seconds per part "
             "per second, summed over the selected ranks and divided by their sum over parts (their "
             "step seconds): the bands add up to 100%, so a growing data_wait or exposed_comm band is the "
             "attribution.",
@@ -135,18 +137,24 @@ def _breakdown(board: dash.Dashboard) -> None:
     rank = "rank {{" + names.RANK + "}}"
     board.with_panel(
         kit.series(
-            "Outside the phases per rank: host blocked on the device, host busy, not explained",
+            "Outside the phases per rank: host blocked on the device, GPU work outside the "
+            "phases, host busy, not explained",
             "The parts of each rank's step time outside every phase, as shares of its step "
-            "time (training_step_time_seconds_total, training_part device_wait, host_busy and "
-            "not_explained): blocked on the device is a host waiting for its GPU, which was "
-            "still running earlier work (on NCCL, a collective waiting for a late rank: the "
-            "report names that rank and its line); host busy is user code while the device had "
+            "time (training_step_time_seconds_total, training_part device_wait, "
+            "gpu_outside_phases, host_busy and not_explained): blocked on the device is a host "
+            "waiting for its GPU, which was still running earlier work (on NCCL, a collective "
+            "waiting for a late rank: the report names that rank and its line); GPU work "
+            "outside the phases is a host waiting for kernels queued between the phases (a "
+            "loss, metrics, clipping, an EMA: the report names the stretch and, where sampled, "
+            "the line); host busy is user code while the device had "
             "caught up (its line is in the rank_step span's training.gap events); not explained "
             "is the time no phase or part holds. A rank whose host-busy band rises while the "
             "others' blocked band rises with it is the straggler.",
             [
                 kit.prom(f"{per_rank_part(names.PART_DEVICE_WAIT)} / {per_rank_step}",
                          f"{rank} blocked on device", "A"),
+                kit.prom(f"{per_rank_part(names.PART_GPU_OUTSIDE_PHASES)} / {per_rank_step}",
+                         f"{rank} GPU work outside the phases", "D"),
                 kit.prom(f"{per_rank_part(names.PART_HOST_BUSY)} / {per_rank_step}",
                          f"{rank} host busy", "B"),
                 kit.prom(f"{per_rank_part(names.PART_NOT_EXPLAINED)} / {per_rank_step}",

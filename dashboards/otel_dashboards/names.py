@@ -97,6 +97,7 @@ PHASES = (
 PARTS = semconv.PARTS
 PART_DATA_WAIT = semconv.PART_DATA_WAIT
 PART_DEVICE_WAIT = semconv.PART_DEVICE_WAIT
+PART_GPU_OUTSIDE_PHASES = semconv.PART_GPU_OUTSIDE_PHASES
 PART_HOST_BUSY = semconv.PART_HOST_BUSY
 PART_NOT_EXPLAINED = semconv.PART_NOT_EXPLAINED
 #: goodput buckets (training_goodput_bucket), productive first

@@ -11,13 +11,13 @@ from statistics import median
 from otel_train import semconv as sc
 from otel_train.analysis import causes
 from otel_train.analysis.causes.case import (
-    DEVICE_WAIT,
     MIN_EXPLAINING_S,
     Blame,
     CollectiveSeconds,
     Evidence,
     LateOfStep,
     PhaseStarts,
+    blocked_s,
 )
 from otel_train.analysis.causes.waited_in_collectives import (  # noqa: F401  (tests name it)
     waited_in_collectives as _waited_in_collectives,
@@ -209,6 +209,12 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
     cannot explain the step (a rank of ``world_ranks`` sent nothing for it, no phase stands
     out, untimed time with nothing sampled) the step says so (``SlowStep.unexplained``)
     instead of naming a phase by default.
+
+    A step whose blocked hosts are followed to another step (the one before, mostly) is
+    also explained by what its ranks did in it, the blocked time left aside, and listed for
+    that too where it holds a cause of its own: on NCCL a rank late in steps 10 and 11
+    makes the others block at the top of step 11 for step 10, and that wait must not hide
+    the late rank's own step 11.
     """
     blame = Blame(table, durations, world_ranks, collectives)
     evidence = Evidence(phase_starts, collective_s, late_of_step)
@@ -223,7 +229,16 @@ def slow_steps(table: StepTable, durations: dict[int, float], top: int,
         if slow.step not in listed:
             listed.add(slow.step)
             out.append(slow)
+        if slow.step != step and step not in listed and len(out) < top:
+            own = causes.explain(blame, step, evidence, skip=_FOLLOWED)
+            if own.step == step and own.unexplained is None and own.rank >= 0:
+                listed.add(step)
+                out.append(own)
     return out
+
+
+#: the cause that follows a blocked host to another step: left aside for a step's own cause
+_FOLLOWED = frozenset({"device_wait"})
 
 
 def busy_s(table: StepTable, index: int) -> float:
@@ -231,7 +246,7 @@ def busy_s(table: StepTable, index: int) -> float:
     the host (exposed communication) or blocked on its device (on NCCL, where a rank
     that waits for another does so on the GPU)."""
     return (table.durations[index] - table.phases[sc.PHASE_EXPOSED_COMM][index]
-            - table.untimed_parts[DEVICE_WAIT][index])
+            - blocked_s(table, index))
 
 
 def collective_wait_shares(collective_s: dict[int, float], steps: dict[int, int],

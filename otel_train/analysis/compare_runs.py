@@ -56,7 +56,8 @@ PART_LABELS = {
     sc.PART_DATA_WAIT: "data wait", sc.PART_FORWARD: "forward", sc.PART_BACKWARD: "backward",
     sc.PART_OPTIMIZER: "optimizer", sc.PART_EXPOSED_COMM: "exposed comm",
     sc.PART_COMPILE: "compile", sc.PART_DEVICE_WAIT: "blocked on device",
-    sc.PART_HOST_BUSY: "host busy", sc.PART_NOT_EXPLAINED: "not explained",
+    sc.PART_GPU_OUTSIDE_PHASES: "GPU work outside phases", sc.PART_HOST_BUSY: "host busy",
+    sc.PART_NOT_EXPLAINED: "not explained",
 }
 
 #: the tolerances of the rows without an interval (docs/compare.md): memory is nearly

@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_train import semconv as sc
+
 
 @dataclass
 class RankBreakdown:
@@ -219,11 +221,16 @@ class SlowStep:
         if self.segment:
             text = (f"step {self.step}: rank {self.rank} {self.phase_s:.3g} s {self.segment}, "
                     f"{self.share:.0%} of step")
+        if self.phase == sc.PHASE_GPU_OUTSIDE_PHASES:  # the rank's GPU work no phase holds
+            text = (f"step {self.step}: rank {self.rank} {self.phase_s:.3g} s of GPU work "
+                    f"queued {self.segment or 'outside the phases'}, {self.share:.0%} of step")
+            if self.location:
+                text += f", issued from {self.location}"
         if self.throttled_s is not None:
             text = (f"step {self.step}: rank {self.rank} CPU-throttled {self.throttled_s:.3g} s "
                     f"by its cgroup's CPU quota ({where} {self.phase_s:.3g} s, "
                     f"{self.share:.0%} of step)")
-        if self.location:
+        if self.location and self.phase != sc.PHASE_GPU_OUTSIDE_PHASES:
             text += f", in {self.location}"
         if self.worker is not None:
             text += f", waiting for DataLoader worker {self.worker}"

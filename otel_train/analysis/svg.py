@@ -24,7 +24,8 @@ COLORS = {
     "optimizer": "#9467bd", "exposed_comm": "#f2a541", "compile": "#7f7f7f",
     "collective": "#2ca02c", "untimed": "#c7c7c7",
     # untimed time's parts, where the run records them (sources/gaps.py)
-    "device_wait": "#8c564b", "host_busy": "#bcbd22", "not_explained": "#d9d9d9",
+    "device_wait": "#8c564b", "gpu_outside_phases": "#e377c2", "host_busy": "#bcbd22",
+    "not_explained": "#d9d9d9",
 }
 #: the straggler's marks: its label, band and key
 STRAGGLER = "#c0392b"

@@ -196,7 +196,8 @@ def _phase_share_table(report: Report) -> Table:
 
 
 #: the parts of untimed time, as the per-rank tables name them
-SPLIT_LABELS = {"device_wait": "blocked on device", "host_busy": "host busy",
+SPLIT_LABELS = {"device_wait": "blocked on device",
+                "gpu_outside_phases": "GPU work outside phases", "host_busy": "host busy",
                 NOT_EXPLAINED: "not explained"}
 
 
@@ -383,7 +384,7 @@ GOODPUT_LABELS = {
     "data_wait": "data wait",
     "exposed_comm": "exposed communication",
     "device_wait": "blocked on device",
-    "outside_phases": "outside the phases (host work, not explained)",
+    "outside_phases": "outside the phases (host work, GPU work queued there, not explained)",
     "between_steps": "between steps (eval, checkpoints)",
     "after_last_step": "after the last step (teardown)",
     "restart": "restart (between attempts under the run id)",

@@ -54,12 +54,17 @@ COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COU
 
 #: the rank_step attribute of each timed phase, in ``PHASES`` order (``UNTIMED`` is last)
 _PHASE_TOTALS = tuple(sc.ATTR_PHASE_TOTAL_PREFIX + p for p in PHASES if p != UNTIMED)
-#: the parts of untimed time (sources/gaps.py): the host blocked on the device, the host
-#: busy; what is left of it is not explained
-UNTIMED_PARTS = (sc.PHASE_DEVICE_WAIT, sc.PHASE_HOST_BUSY)
+#: the parts of untimed time (sources/gaps/): the host blocked on the device (while it ran
+#: work queued outside the phases: its own part), the host busy; what is left of it is not
+#: explained
+UNTIMED_PARTS = (sc.PHASE_DEVICE_WAIT, sc.PHASE_GPU_OUTSIDE_PHASES, sc.PHASE_HOST_BUSY)
 NOT_EXPLAINED = sc.PART_NOT_EXPLAINED
 #: phases whose GPU time a GPU run records on its rank steps (sources/gpu/cuda_timing.py)
 GPU_PHASES = (sc.PHASE_FORWARD, sc.PHASE_BACKWARD, sc.PHASE_OPTIMIZER)
+#: the GPU column of work queued outside the phases (``StepTable.gpu_phases``, beside them)
+GPU_OUTSIDE = sc.PHASE_GPU_OUTSIDE_PHASES
+_GPU_KEYS = {**{p: sc.ATTR_PHASE_GPU_TOTAL_PREFIX + p for p in GPU_PHASES},
+             GPU_OUTSIDE: sc.ATTR_GPU_OUTSIDE_PHASES}
 #: the rank_step attribute of each part of the step's partition
 _PART_KEYS = {part: sc.ATTR_RANK_STEP_PART_PREFIX + part for part in sc.PARTS}
 
@@ -174,9 +179,13 @@ class StepTable:
     #: the untimed time's parts (``UNTIMED_PARTS``), 0 where not recorded
     untimed_parts: dict[str, array] = field(
         default_factory=lambda: {p: array("d") for p in UNTIMED_PARTS})
-    #: GPU time of each of ``GPU_PHASES``, 0 where not recorded (CPU runs)
+    #: GPU time of each of ``GPU_PHASES`` and of the work queued outside them
+    #: (``GPU_OUTSIDE``), 0 where not recorded (CPU runs)
     gpu_phases: dict[str, array] = field(
-        default_factory=lambda: {p: array("d") for p in GPU_PHASES})
+        default_factory=lambda: {p: array("d") for p in _GPU_KEYS})
+    #: row -> the stretch that held most of its GPU work outside the phases ("between
+    #: forward and backward"; only rows that have some)
+    gpu_segments: dict[int, str] = field(default_factory=dict)
     #: the samples and tokens the rank trained in the step (``training.samples``,
     #: ``training.tokens`` of its rank_step span), -1 where the span does not say
     samples: array = field(default_factory=lambda: array("d"))
@@ -205,7 +214,10 @@ class StepTable:
         for part, column in self.untimed_parts.items():
             column.append(parts[part])
         for phase, column in self.gpu_phases.items():
-            column.append(float(attrs.get(sc.ATTR_PHASE_GPU_TOTAL_PREFIX + phase, 0.0)))
+            column.append(float(attrs.get(_GPU_KEYS[phase], 0.0)))
+        segment = attrs.get(sc.ATTR_GPU_OUTSIDE_SEGMENT)
+        if segment:
+            self.gpu_segments[len(self.steps) - 1] = str(segment)
         self.samples.append(float(attrs.get(sc.ATTR_SAMPLES, -1.0)))
         self.tokens.append(float(attrs.get(sc.ATTR_TOKENS, -1.0)))
         self.mfu.append(float(attrs.get(sc.ATTR_MFU, -1.0)))
@@ -213,6 +225,7 @@ class StepTable:
     def extend(self, other: StepTable) -> None:
         base = len(self.steps)
         self.gaps.update({base + row: gaps for row, gaps in other.gaps.items()})
+        self.gpu_segments.update({base + row: s for row, s in other.gpu_segments.items()})
         self.throttled.extend(other.throttled)
         self.steps.extend(other.steps)
         self.ranks.extend(other.ranks)

@@ -67,6 +67,7 @@ phase_span_id: Callable[[tuple[Any, ...]], int] = operator.itemgetter(
 #: the gap sampler's split of the time outside the phases (sources/gaps/), on the rank step
 _DEVICE_WAIT_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_DEVICE_WAIT
 _HOST_BUSY_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_HOST_BUSY
+_GPU_OUTSIDE_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_GPU_OUTSIDE_PHASES
 
 
 def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
@@ -330,7 +331,8 @@ class StepAssembly:
             start, end, info.phase_intervals, info.exposed_intervals,
             [(a - offset, b - offset) for a, b in compiles] if compiles else compiles,
             int(extra.get(_DEVICE_WAIT_TOTAL, 0.0) * 1e9),
-            int(extra.get(_HOST_BUSY_TOTAL, 0.0) * 1e9))
+            int(extra.get(_HOST_BUSY_TOTAL, 0.0) * 1e9),
+            int(extra.get(_GPU_OUTSIDE_TOTAL, 0.0) * 1e9))
         first = self._last_end is None
         before = start + offset - self.account_start_ns if first else start - self._last_end
         self.time_counters.add(parts, step_time.goodput_list(

@@ -50,6 +50,11 @@ class StepWork:
     #: step's GPU times are not known (a CPU run, events unresolved): written by
     #: sources/gpu/cuda_timing.py, read by sources/gaps/listener.py
     gpu_ends: list[tuple[int, int]] | None = None
+    #: the GPU's stretches between consecutive GPU-timed phases (the step before's last and
+    #: this step's first, then within the step): (phase before, phase after, GPU end of the
+    #: one, GPU start of the other, host start of the other), wall-clock ns, in order; None
+    #: where not known. Written by cuda_timing.py, read by the gap listener
+    gpu_between: list[tuple[str, str, int, int, int]] | None = None
     #: the step's exposed communication, perf_counter ns intervals (the collectives' route:
     #: sources/collectives/assembly.py), and its compilations, wall-clock ns intervals
     #: (sources/compile): what the step's parts are made of

@@ -12,8 +12,10 @@ DDP, ``otel_train.instrument`` around the loop with default settings. Several ra
 
 FAULT: ``none``; ``hang`` (the rank sleeps ``HANG_S`` before its backward); ``cpu`` (0.4 s of
 host work between forward and backward); ``gpu`` (extra matmuls inside the model's forward on
-that rank's GPU); ``data`` (its dataset stalls ``DATA_STALL_S`` on the step's batch, longer
-than the loader's prefetch covers). Each fault's line carries a ``# FAULT:`` comment, which
+that rank's GPU); ``gpu_between`` (extra matmuls queued between forward and backward, outside
+every phase: loss or metric code that launches kernels, the host not delayed); ``data`` (its
+dataset stalls ``DATA_STALL_S`` on the step's batch, longer than the loader's prefetch
+covers). Each fault's line carries a ``# FAULT:`` comment, which
 the tests look up to check the line the report names.
 """
 
@@ -46,6 +48,7 @@ STEPS = int(os.environ.get("STEPS", "14"))
 HANG_S = float(os.environ.get("HANG_S", "4"))
 HEAVY_S = float(os.environ.get("HEAVY_S", "0.4"))
 DATA_STALL_S = float(os.environ.get("DATA_STALL_S", "2.5"))
+GPU_BETWEEN_MATMULS = int(os.environ.get("GPU_BETWEEN_MATMULS", "200"))
 WIDTH, BATCH = 1024, 64
 #: where each rank writes otel-train's threads' CPU over the run's steady steps (for the
 #: scaling figures, bench/multigpu/nccl_faults.py); unset: nothing measured
@@ -79,6 +82,15 @@ LENGTH_CHANGE = 1.5
 FOLLOW_STEPS = _gaps.RECENT_STEPS // 2 + 1
 if COST_BLOCK:
     STEPS = 1_000_000  # the blocks end the loop
+
+
+def gpu_metric(device: torch.device) -> torch.Tensor:
+    """GPU work a user left between forward and backward: a metric that launches kernels
+    (``GPU_BETWEEN_MATMULS`` matmuls of 4096 x 4096: about 0.5 s on an H100)."""
+    a = torch.randn(4096, 4096, device=device)
+    for _ in range(GPU_BETWEEN_MATMULS):
+        a = torch.tanh(a @ a)
+    return a.sum()
 
 
 def heavy(seconds: float) -> float:
@@ -215,6 +227,8 @@ def main() -> None:
             loss = nn.functional.mse_loss(model(x), y)
             if FAULT == "cpu" and rank == FAULT_RANK and step in FAULT_STEPS:
                 heavy(HEAVY_S)  # FAULT: cpu
+            if FAULT == "gpu_between" and rank == FAULT_RANK and step in FAULT_STEPS:
+                gpu_metric(device)  # FAULT: gpu_between
             if FAULT == "hang" and rank == FAULT_RANK and step in FAULT_STEPS:
                 time.sleep(HANG_S)  # FAULT: hang
             loss.backward()

@@ -139,6 +139,22 @@ def test_a_gpu_straggler_is_blamed_for_its_forward_on_the_gpu(tmp_path, world) -
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_gpu_work_queued_between_the_phases_is_named_on_its_rank_in_each_of_its_steps(
+        tmp_path, world) -> None:
+    """Issue 53: a rank's code queues GPU work between forward and backward (a metric that
+    launches kernels; its host is not delayed, only its GPU). Each injected step names that
+    rank, the stretch, and that the time was on the GPU, not "not explained"."""
+    report, _ = run_fault(tmp_path, world, "gpu_between", "5,8,11")
+    for step in (5, 8, 11):
+        slow = the_step(report, step)
+        assert (slow["rank"], slow["phase"], slow["on_gpu"], slow["segment"]) == (
+            world - 1, "gpu_outside_phases", True, "between forward and backward"), \
+            slow["cause"]
+        assert slow["unexplained"] is None, slow["cause"]
+    assert_little_is_not_explained(report)
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_a_data_stall_is_blamed_on_the_rank_whose_loader_stalled(tmp_path, world) -> None:
     report, _ = run_fault(tmp_path, world, "data", "8")
     slow = the_step(report, 8)

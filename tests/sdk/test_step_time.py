@@ -46,6 +46,7 @@ def timelines(draw: st.DrawFn) -> dict:
         "exposed": draw(st.lists(interval, max_size=5)),
         "compiles": draw(st.lists(interval, max_size=2)),
         "outside": {sc.PART_DEVICE_WAIT: draw(st.integers(-5, 80)),
+                    sc.PART_GPU_OUTSIDE_PHASES: draw(st.integers(-5, 80)),
                     sc.PART_HOST_BUSY: draw(st.integers(-5, 80))},
     }
 
@@ -73,9 +74,11 @@ def oracle(case: dict) -> dict[str, int]:
             left += 1
             left_with_comm += comm
     device = min(max(case["outside"][sc.PART_DEVICE_WAIT], 0), left)
-    busy = min(max(case["outside"][sc.PART_HOST_BUSY], 0), left - device)
-    rest = left - device - busy
+    gpu = min(max(case["outside"][sc.PART_GPU_OUTSIDE_PHASES], 0), left - device)
+    busy = min(max(case["outside"][sc.PART_HOST_BUSY], 0), left - device - gpu)
+    rest = left - device - gpu - busy
     parts[sc.PART_DEVICE_WAIT], parts[sc.PART_HOST_BUSY] = device, busy
+    parts[sc.PART_GPU_OUTSIDE_PHASES] = gpu
     parts[sc.PART_EXPOSED_COMM] += min(left_with_comm, rest)
     parts[sc.PART_NOT_EXPLAINED] = rest - min(left_with_comm, rest)
     return parts
@@ -126,7 +129,8 @@ def test_a_step_with_blocking_communication_inside_backward_adds_up() -> None:
         exposed=[(50, 65)], compiles=[(10, 20)], outside={sc.PART_HOST_BUSY: 8})
     assert parts == {sc.PART_DATA_WAIT: 5, sc.PART_FORWARD: 15, sc.PART_COMPILE: 10,
                      sc.PART_BACKWARD: 25, sc.PART_EXPOSED_COMM: 15, sc.PART_OPTIMIZER: 15,
-                     sc.PART_DEVICE_WAIT: 0, sc.PART_HOST_BUSY: 8, sc.PART_NOT_EXPLAINED: 7}
+                     sc.PART_DEVICE_WAIT: 0, sc.PART_GPU_OUTSIDE_PHASES: 0,
+                     sc.PART_HOST_BUSY: 8, sc.PART_NOT_EXPLAINED: 7}
     assert sum(parts.values()) == 100
 
 
@@ -143,11 +147,13 @@ def test_a_phase_the_contract_does_not_know_is_still_accounted_for() -> None:
 def test_a_steady_step_s_goodput_takes_each_part_once() -> None:
     parts = {sc.PART_DATA_WAIT: 0.01, sc.PART_FORWARD: 0.02, sc.PART_BACKWARD: 0.04,
              sc.PART_OPTIMIZER: 0.01, sc.PART_EXPOSED_COMM: 0.005, sc.PART_COMPILE: 0.0,
-             sc.PART_DEVICE_WAIT: 0.002, sc.PART_HOST_BUSY: 0.003, sc.PART_NOT_EXPLAINED: 0.001}
+             sc.PART_DEVICE_WAIT: 0.002, sc.PART_GPU_OUTSIDE_PHASES: 0.006,
+             sc.PART_HOST_BUSY: 0.003, sc.PART_NOT_EXPLAINED: 0.001}
     buckets = step_time.goodput(parts, warmup=False, before_s=0.004)
     assert set(buckets) == set(sc.GOODPUT_BUCKETS)
     assert buckets[sc.GOODPUT_PRODUCTIVE] == pytest.approx(0.07)
-    assert buckets[sc.GOODPUT_OUTSIDE_PHASES] == pytest.approx(0.004)
+    # GPU work queued outside the phases (a loss, metrics) is time outside them, not compute
+    assert buckets[sc.GOODPUT_OUTSIDE_PHASES] == pytest.approx(0.010)
     assert buckets[sc.GOODPUT_BETWEEN_STEPS] == pytest.approx(0.004)
     assert sum(buckets.values()) == pytest.approx(sum(parts.values()) + 0.004)
 

@@ -23,6 +23,7 @@ from otel_train.analysis.causes import (
     cpu_throttled,
     data_wait,
     device_wait,
+    gpu_outside,
     missing_telemetry,
     not_explained,
     own_phase,
@@ -54,6 +55,7 @@ DETAILS: list[Detail] = [
     within_typical.DETAIL,  # no longer than the typical step
     not_explained.DETAIL,  # the phases hold too little of the step's excess
     data_wait.DETAIL,  # the data wait's line or DataLoader worker
+    gpu_outside.DETAIL,  # GPU work queued outside the phases: its stretch and line
     untimed.DETAIL,  # the untimed stretch and the user code sampled there
 ]
 
@@ -69,9 +71,11 @@ def unregister(name: str) -> None:
     ordered.remove(CAUSES, name)
 
 
-def explain(blame: Blame, step: int, evidence: Evidence) -> SlowStep:
-    """The first claim of :data:`CAUSES` on ``step``."""
-    case = StepCase(blame, step, evidence, tuple(CAUSES), tuple(DETAILS))
+def explain(blame: Blame, step: int, evidence: Evidence, skip: frozenset[str] = frozenset()
+            ) -> SlowStep:
+    """The first claim of :data:`CAUSES` on ``step`` (those named in ``skip`` not asked)."""
+    case = StepCase(blame, step, evidence, tuple(c for c in CAUSES if c.name not in skip),
+                    tuple(DETAILS))
     for cause in case.causes:
         slow = cause.explain(case)
         if slow is not None:

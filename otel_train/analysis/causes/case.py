@@ -21,6 +21,14 @@ from otel_train.analysis.traces import UNTIMED, StepTable
 #: blocked on its device, which is followed to what the device waited for
 NOT_A_CAUSE = frozenset({sc.PHASE_EXPOSED_COMM, sc.PHASE_DEVICE_WAIT})
 DEVICE_WAIT = sc.PHASE_DEVICE_WAIT
+#: the host blocked on its device while it ran work queued outside the phases: blocked time
+#: too, followed like the rest of it (to that work, on the rank and in the step that queued it)
+GPU_OUTSIDE = sc.PHASE_GPU_OUTSIDE_PHASES
+
+
+def blocked_s(table: StepTable, index: int) -> float:
+    """A row's time outside the phases the host spent blocked on its device (both parts)."""
+    return table.untimed_parts[DEVICE_WAIT][index] + table.untimed_parts[GPU_OUTSIDE][index]
 #: below this, a phase above typical or a throttled time explains nothing (clock noise)
 MIN_EXPLAINING_S = 0.001
 #: a slow step is explained when its blamed phase is at least this share of the step's time
@@ -61,7 +69,7 @@ class Blame:
         self.rows: dict[int, list[int]] = defaultdict(list)
         for index, step in enumerate(table.steps):
             self.rows[step].append(index)
-        blocked = table.untimed_parts[DEVICE_WAIT]
+        blocked = [blocked_s(table, i) for i in range(len(table))]
         #: what the blame compares: the phases, untimed time less its blocked part (the
         #: host's own), and the blocked part on its own
         self.cols = {**table.phases, DEVICE_WAIT: blocked}

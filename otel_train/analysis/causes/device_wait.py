@@ -16,6 +16,7 @@ from otel_train.analysis.causes.case import (
     Blame,
     Blamed,
     StepCase,
+    blocked_s,
 )
 from otel_train.analysis.report_model import DeviceWait, SlowStep
 
@@ -70,7 +71,7 @@ def device_wait(blame: Blame, index: int) -> DeviceWait:
     """The blocked time of a row, and the collective and rank its device waited for."""
     table = blame.table
     rank, step = table.ranks[index], table.steps[index]
-    seconds = table.untimed_parts[DEVICE_WAIT][index]
+    seconds = blocked_s(table, index)
     gaps = [g for g in table.gaps.get(index, ()) if g.kind == sc.EVENT_GAP]
     gap = max(gaps, key=lambda g: g.device_wait_s) if gaps else None
     wait = DeviceWait(rank, step, seconds)

@@ -85,6 +85,7 @@ from otel_train.sources.gaps.listener import (
     MIN_GAP_S,
     GapListener,
     blocked_ns,
+    gpu_outside_ns,
 )
 from otel_train.sources.gaps.sampler import (
     AIM_SETTLED,
@@ -107,7 +108,7 @@ __all__ = [
     "CARRY_S", "CHASE_MAX_S", "DATA_WAIT", "FAST_FACTOR", "LIBRARY", "LIVE_SPANS",
     "MAX_EVENTS", "MAX_KINDS", "MAX_SAMPLES", "MIN_GAP_S", "MIN_STEPS", "OVERRUN", "OWN",
     "RECENT_STEPS", "SAMPLE_AGE_S", "STACK_DEPTH", "USER", "Frame", "GapSource", "Sample",
-    "blocked_ns", "code_kind", "named_top", "segment_name", "user_frames",
+    "blocked_ns", "code_kind", "gpu_outside_ns", "named_top", "segment_name", "user_frames",
 ]
 
 

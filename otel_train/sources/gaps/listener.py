@@ -12,8 +12,8 @@ and how:
   sets ``aim`` (one attribute: where in a step the sampler should look next; None for
   nowhere);
 - with the other pre-step listeners, through the step (``StepWork``, emitter/work.py): it
-  reads ``gpu_ends``, which the CUDA timing source writes (declared with ``step_uses``:
-  the emitter runs that listener first), and writes ``events`` and
+  reads ``gpu_ends`` and ``gpu_between``, which the CUDA timing source writes (declared
+  with ``step_uses``: the emitter runs that listener first), and writes ``events`` and
   ``extra_attributes``.
 
 The rest (the last phase of the step before, the carried locations, the GPU ends of the
@@ -55,8 +55,10 @@ _CARRY_NS = int(CARRY_S * 1e9)
 _SAME_INSTANT_NS = 1_000_000
 
 _HOST_BUSY, _DEVICE_WAIT = semconv.PHASE_HOST_BUSY, semconv.PHASE_DEVICE_WAIT
+_GPU_OUTSIDE = semconv.PHASE_GPU_OUTSIDE_PHASES
 _HOST_BUSY_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + _HOST_BUSY
 _DEVICE_WAIT_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + _DEVICE_WAIT
+_GPU_OUTSIDE_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + _GPU_OUTSIDE
 
 
 class GapListener:
@@ -78,10 +80,11 @@ class GapListener:
         # host was blocked on the device and the part it was busy (else all of it is busy)
         self._on_device = on_device
         self._gpu_ends: list[tuple[int, int]] | None = []  # the previous step's
+        self._gpu_between: list[tuple[str, str, int, int, int]] | None = []  # likewise
         self._untimed = semconv.create(ctx.meter, semconv.METRIC_UNTIMED_TIME)
         base = {semconv.ATTR_RANK: ctx.identity.rank, semconv.ATTR_RUN_ID: ctx.identity.run_id}
         self._part_attrs = {part: {**base, semconv.ATTR_UNTIMED_PART: part}
-                            for part in (semconv.PHASE_DEVICE_WAIT, semconv.PHASE_HOST_BUSY)}
+                            for part in (_DEVICE_WAIT, _GPU_OUTSIDE, _HOST_BUSY)}
         #: training.untimed.time not yet added, by part, in ns: the steps' sum, added once a
         #: drain (:meth:`_add_untimed`, on the emitter's tick), not once a step
         self._untimed_ns: dict[str, int] = {}
@@ -90,7 +93,7 @@ class GapListener:
         #: (step, its end in perf ns, its length in ns, its code.* attributes)
         self._located: dict[str, tuple[int, int, int, dict[str, Any]]] = {}
 
-    @step_uses(reads=("gpu_ends",), writes=("events", "extra_attributes"))
+    @step_uses(reads=("gpu_ends", "gpu_between"), writes=("events", "extra_attributes"))
     def _on_step(self, info: Any) -> None:
         record = info.record  # the step's wire fields (the work's own: gpu_ends, intervals)
         offset = self.emitter.offset
@@ -101,7 +104,8 @@ class GapListener:
         self._aim_at(gaps, waits, start)
         samples = self._take_samples(end)
         blocked = self._device_waits(info, gaps, offset)
-        self._split_totals(record.extra_attributes, gaps, blocked)
+        outside = self._gpu_outside(info, gaps, blocked, offset)
+        self._split_totals(record.extra_attributes, gaps, blocked, outside)
         if not gaps and not waits:
             return
         events = record.events
@@ -184,13 +188,43 @@ class GapListener:
         return blocked_ns([(a + offset, b + offset) for _, _, a, b in gaps],
                           (earlier or []) + info.gpu_ends, earlier is not None)
 
+    def _gpu_outside(self, info: Any, gaps: list[tuple[str | None, str | None, int, int]],
+                     blocked: list[int | None], offset: int) -> int:
+        """The GPU's work queued outside the phases (cuda_timing's ``gpu_between``: the
+        device's stretches between one timed phase's work and the next one's, wall clock).
+
+        Such a stretch is the device running what was queued between the two phases, or
+        idle, waiting for the host to queue the next phase. It was certainly busy (or
+        behind the host) while the host was blocked on it, and once the host had queued the
+        next phase's start. So the stretch's GPU work is its overlap with the host's blocked
+        time and with the time after the host started the next phase: on the rank step as
+        ``training.rank_step.gpu_outside_phases_s``, with the stretch that held most
+        (``...segment``). Returns the ns of this step's blocked time that lay in any such
+        stretch (this step's or the step before's): the host waited for work no phase holds
+        (the part ``gpu_outside_phases``, taken out of ``device_wait``)."""
+        if not self._on_device:
+            return 0
+        earlier, self._gpu_between = self._gpu_between, info.gpu_between
+        between = info.gpu_between
+        if between is None:
+            return 0
+        waits = [(a + offset, a + offset + w) for (_, _, a, _), w in zip(gaps, blocked) if w]
+        queued, blocked_in = gpu_outside_ns(between, earlier or [], waits)
+        extra = info.record.extra_attributes
+        extra[semconv.ATTR_GPU_OUTSIDE_PHASES] = sum(queued) / 1e9
+        if any(queued):
+            most = max(range(len(queued)), key=queued.__getitem__)
+            extra[semconv.ATTR_GPU_OUTSIDE_SEGMENT] = segment_name(*between[most][:2])
+        return blocked_in
+
     def _split_totals(self, extra: dict[str, Any],
                       gaps: list[tuple[str | None, str | None, int, int]],
-                      blocked: list[int | None]) -> None:
-        """The step's time outside the phases, split: blocked on the device, busy on the
-        host (each stretch of at least ``MIN_GAP_S``); shorter stretches and those whose
-        device time is not known stay unexplained. On the rank step's span (beside the
-        phase totals: ``extra``, its extra attributes) and in ``training.untimed.time``."""
+                      blocked: list[int | None], outside: int = 0) -> None:
+        """The step's time outside the phases, split: blocked on the device (``outside``
+        ns of it while the device ran work queued outside the phases), busy on the host
+        (each stretch of at least ``MIN_GAP_S``); shorter stretches and those whose device
+        time is not known stay unexplained. On the rank step's span (beside the phase
+        totals: ``extra``, its extra attributes) and in ``training.untimed.time``."""
         device = busy = 0
         for (_, _, g_start, g_end), waited in zip(gaps, blocked):
             if waited is not None:
@@ -200,8 +234,12 @@ class GapListener:
         extra[_HOST_BUSY_TOTAL] = busy / 1e9
         pending[_HOST_BUSY] = pending.get(_HOST_BUSY, 0) + busy
         if self._on_device:
+            outside = min(outside, device)
+            device -= outside
             extra[_DEVICE_WAIT_TOTAL] = device / 1e9
+            extra[_GPU_OUTSIDE_TOTAL] = outside / 1e9
             pending[_DEVICE_WAIT] = pending.get(_DEVICE_WAIT, 0) + device
+            pending[_GPU_OUTSIDE] = pending.get(_GPU_OUTSIDE, 0) + outside
 
     def _add_untimed(self) -> None:
         """Add the untimed time of the steps emitted since the last call to
@@ -261,6 +299,27 @@ def blocked_ns(stretches: list[tuple[int, int]], ends: list[tuple[int, int]],
         else:
             out.append(min(max(ends[k][1] - a, 0), b - a))
     return out
+
+
+def gpu_outside_ns(between: list[tuple[str, str, int, int, int]],
+                   earlier: list[tuple[str, str, int, int, int]],
+                   waits: list[tuple[int, int]]) -> tuple[list[int], int]:
+    """The GPU's work queued outside the phases (``GapListener._gpu_outside``), wall ns:
+    per stretch of ``between`` (this step's: (phase before, phase after, GPU end of the one,
+    GPU start of the other, host start of the other)), its ns the device was surely busy
+    (the host blocked on it: ``waits``, this step's blocked intervals, disjoint; or past
+    the host's start of the next phase); and the ns of ``waits`` inside any stretch of
+    ``earlier`` (the step before's) or ``between``."""
+    queued = [max(g1 - max(g0, h_next), 0) + _overlap((g0, min(g1, h_next)), waits)
+              for _, _, g0, g1, h_next in between]
+    stretches = [(g0, g1) for _, _, g0, g1, _ in earlier + between]
+    return queued, sum(_overlap(wait, stretches) for wait in waits)
+
+
+def _overlap(span: tuple[int, int], intervals: list[tuple[int, int]]) -> int:
+    """ns of ``span`` inside ``intervals`` (disjoint among themselves)."""
+    a, b = span
+    return sum(max(min(b, y) - max(a, x), 0) for x, y in intervals) if b > a else 0
 
 
 def _where(attrs: dict[str, Any], samples: list[Sample]) -> None:

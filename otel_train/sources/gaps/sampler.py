@@ -130,8 +130,15 @@ class GapSampler:
             while not self._stop.is_set():
                 if poll is None:
                     time.sleep(wait)  # cheaper to wake from than Event.wait
-                elif poll(max(wait, 1e-3) * 1e3) and not self._clear_alarm():
-                    poll = None  # the alarm broke: the schedule without it from here
+                elif poll(max(wait, 1e-3) * 1e3):
+                    if self._clear_alarm():
+                        # a step overran: this look is not the aimed one the sampler slept
+                        # towards, and what it finds is chased (taken for the aimed look,
+                        # it was not followed up: one sample of a slow step's stretch, or
+                        # none, issue 53)
+                        self._aimed = False
+                    else:
+                        poll = None  # the alarm broke: the schedule without it from here
                 self.wakeups += 1
                 try:
                     now = _now()

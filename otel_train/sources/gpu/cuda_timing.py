@@ -147,6 +147,9 @@ class CudaTimingSource:
         #: step -> (the clock's reference when it was read, the step's first event's ms
         #: after it): the driver's read of what GpuClock.rebase would ask torch
         self._after_ref: dict[int, tuple[Any, float]] = {}
+        #: (phase, wall ns its GPU work ended) of the last resolved step's last timed phase:
+        #: the GPU's stretch from there to the next step's first phase is that step's
+        self._last_gpu_end: tuple[str, int] | None = None
 
     # --- start/stop (training thread) ------------------------------------------------
     def start(self, ctx: RunContext) -> None:
@@ -279,7 +282,7 @@ class CudaTimingSource:
         if any(abs(a - b) > 1e-3 for a, b in zip(ms, torch_ms, strict=True)):
             raise RuntimeError(f"the driver's event times {ms} differ from torch's {torch_ms}")
 
-    @step_uses(writes=("gpu_ends", "phase_overrides", "extra_attributes"))
+    @step_uses(writes=("gpu_ends", "gpu_between", "phase_overrides", "extra_attributes"))
     def _before_step(self, info: Any) -> None:
         step = info.record.step
         entries = self._pending.pop(step, [])
@@ -294,6 +297,7 @@ class CudaTimingSource:
             return
         if seen is None or rel is None:  # released unresolved (too many held): host times
             self._orphans.extend(e for entry in entries for e in entry[3:5])
+            self._last_gpu_end = None
             return
         try:
             self._resolve(info, entries, seen, rel, after_ref)
@@ -341,12 +345,31 @@ class CudaTimingSource:
         # how long the host's next stretch outside the phases waited for it (sources/gaps/)
         info.gpu_ends = [(int(h_end), int(g_end + offset))
                          for _, _, _, g_end, _, h_end in times]
+        info.gpu_between = self._between(times, offset)
         extra[semconv.ATTR_STEP_GPU_DURATION] = (
             max(t[3] for t in times) - min(t[2] for t in times)) / 1e9
         extra[semconv.ATTR_GPU_LAG] = max(
             times[0][2] + offset - times[0][4], 0.0) / 1e9
         extra[semconv.ATTR_GPU_CLOCK_UNCERTAINTY] = (
             self.clock.uncertainty_ns / 1e9)
+
+    def _between(self, times: list[tuple[Any, ...]], offset: float
+                 ) -> list[tuple[str, str, int, int, int]]:
+        """The GPU's stretches between one timed phase's work and the next one's (the step
+        before's last phase to this step's first, then within the step), on the wall
+        clock: what the device ran there was queued outside every phase (a loss, a metric,
+        gradient clipping, an EMA), or it waited for the host to queue the next phase. The
+        gap listener tells the two apart by what the host did meanwhile. Phases on another
+        stream than the one before (a stretch that ends before it begins) give none."""
+        out = []
+        last = self._last_gpu_end
+        for phase, _, g_begin, g_end, h_begin, _ in sorted(times, key=lambda t: t[4]):
+            begin = int(g_begin + offset)
+            if last is not None and begin > last[1]:
+                out.append((last[0], phase, last[1], begin, int(h_begin)))
+            last = (phase, int(g_end + offset))
+        self._last_gpu_end = last
+        return out
 
     def _recycle_orphans(self) -> None:
         if not self._orphans:
