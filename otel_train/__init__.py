@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what type checkers and editors see; at run time these load lazily
     from otel_train.config import Config, ConfigWarning
     from otel_train.instrument import Instrumentation, instrument
+    from otel_train.regions import region
 
 from otel_train._version import __version__
 
-__all__ = ["Config", "ConfigWarning", "Instrumentation", "__version__", "instrument"]
+__all__ = ["Config", "ConfigWarning", "Instrumentation", "__version__", "instrument", "region"]
 
 #: public name -> the submodule that defines it
 _LAZY = {
@@ -35,6 +36,7 @@ _LAZY = {
     "ConfigWarning": "otel_train.config",
     "Instrumentation": "otel_train.instrument",
     "instrument": "otel_train.instrument",
+    "region": "otel_train.regions",
 }
 
 

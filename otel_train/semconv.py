@@ -30,6 +30,9 @@ SPAN_OPTIMIZER = "training.optimizer"
 SPAN_COLLECTIVE = "training.collective"
 SPAN_COMPILE = "training.compile"
 SPAN_CHECKPOINT = "training.checkpoint"
+#: a region of the step the user named (``otel_train.region("loss")``): a phase of its own,
+#: its name in ``training.phase``
+SPAN_REGION = "training.region"
 
 # --- phases (values of training.phase) ---------------------------------------------------
 PHASE_DATA_WAIT = "data_wait"
@@ -50,6 +53,14 @@ PHASE_HOST_BUSY = "host_busy"
 PHASE_GPU_OUTSIDE_PHASES = "gpu_outside_phases"
 #: the four phases the step hooks time themselves, in loop order
 TIMED_PHASES = (PHASE_DATA_WAIT, PHASE_FORWARD, PHASE_BACKWARD, PHASE_OPTIMIZER)
+#: regions users name (``otel_train.region``): at most MAX_REGIONS names a process, each
+#: ``REGION_NAME`` (lower case, digits, underscores; not a phase's or part's name); a further
+#: name is recorded as REGION_OTHER. A region named REGION_CHECKPOINT is the goodput's
+#: checkpoint loss
+MAX_REGIONS = 8
+REGION_NAME = r"[a-z][a-z0-9_]{0,31}"
+REGION_OTHER = "other_regions"
+REGION_CHECKPOINT = "checkpoint"
 PHASE_SPAN = {
     PHASE_DATA_WAIT: SPAN_DATA_WAIT,
     PHASE_FORWARD: SPAN_FORWARD,
@@ -191,6 +202,9 @@ PART_DATA_WAIT = PHASE_DATA_WAIT
 PART_FORWARD = PHASE_FORWARD
 PART_BACKWARD = PHASE_BACKWARD
 PART_OPTIMIZER = PHASE_OPTIMIZER
+#: the regions users named (``otel_train.region``), all of them; each one's own time is
+#: ``training.phase_total.<name>``
+PART_REGIONS = "regions"
 #: communication in flight while no compute phase ran, or while the host was blocked in a
 #: synchronous collective (inside the phases, or between them)
 PART_EXPOSED_COMM = PHASE_EXPOSED_COMM
@@ -203,9 +217,9 @@ PART_GPU_OUTSIDE_PHASES = PHASE_GPU_OUTSIDE_PHASES
 PART_HOST_BUSY = PHASE_HOST_BUSY
 PART_NOT_EXPLAINED = "not_explained"
 #: every part, in the order every surface shows them
-PARTS = (PART_DATA_WAIT, PART_FORWARD, PART_BACKWARD, PART_OPTIMIZER, PART_EXPOSED_COMM,
-         PART_COMPILE, PART_DEVICE_WAIT, PART_GPU_OUTSIDE_PHASES, PART_HOST_BUSY,
-         PART_NOT_EXPLAINED)
+PARTS = (PART_DATA_WAIT, PART_FORWARD, PART_BACKWARD, PART_OPTIMIZER, PART_REGIONS,
+         PART_EXPOSED_COMM, PART_COMPILE, PART_DEVICE_WAIT, PART_GPU_OUTSIDE_PHASES,
+         PART_HOST_BUSY, PART_NOT_EXPLAINED)
 #: Goodput (docs/telemetry.md "Goodput"): a rank's run split into productive time and
 #: named losses, the counter ``training.goodput.time`` by ``training.goodput.bucket``
 METRIC_GOODPUT_TIME = "training.goodput.time"
@@ -225,14 +239,17 @@ GOODPUT_DATA_WAIT = "data_wait"
 GOODPUT_EXPOSED_COMM = "exposed_comm"
 #: the host blocked on its device (on NCCL: waiting for a late rank, found at the next sync)
 GOODPUT_DEVICE_WAIT = "device_wait"
-#: steady steps' time outside the phases: host work (loss, logging) and what is not explained
+#: regions named ``checkpoint`` (otel_train.region), in any step
+GOODPUT_CHECKPOINT = "checkpoint"
+#: steady steps' time outside the phases: host work (loss, logging), the GPU work queued
+#: there, the other regions users named, and what is not explained
 GOODPUT_OUTSIDE_PHASES = "outside_phases"
 #: between one step's end and the next one's start (eval, checkpoints outside the step)
 GOODPUT_BETWEEN_STEPS = "between_steps"
 #: the buckets, productive first
 GOODPUT_BUCKETS = (GOODPUT_PRODUCTIVE, GOODPUT_STARTUP, GOODPUT_COMPILE, GOODPUT_WARMUP,
                    GOODPUT_DATA_WAIT, GOODPUT_EXPOSED_COMM, GOODPUT_DEVICE_WAIT,
-                   GOODPUT_OUTSIDE_PHASES, GOODPUT_BETWEEN_STEPS)
+                   GOODPUT_CHECKPOINT, GOODPUT_OUTSIDE_PHASES, GOODPUT_BETWEEN_STEPS)
 METRIC_TELEMETRY_DROPPED = "otel_train.telemetry.dropped"
 #: exceptions otel-train caught on its hook paths so that training goes on (by component)
 METRIC_INTERNAL_ERRORS = "otel_train.internal.errors"

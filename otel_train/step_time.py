@@ -10,8 +10,10 @@ given to one part, the first that matches:
    could run: the host blocked in a synchronous one (gloo), as
    ``collectives_math.exposed_and_total`` defines exposed;
 3. the phase the host was in: ``data_wait``, ``forward``, ``backward``, ``optimizer`` (what
-   is left of a compute phase is its own compute). A collective in flight during a data
-   wait does not take its time: the host waited for data, whatever the network did;
+   is left of a compute phase is its own compute), or a region the user named
+   (``otel_train.region``: any other phase name), ``regions``. A collective in flight during
+   a data wait or a region does not take its time: the host waited for data, or was in
+   code the user named, whatever the network did;
 4. outside every phase: ``device_wait``, ``gpu_outside_phases`` (the host blocked while its
    device ran work queued outside the phases) and ``host_busy`` as the gap sampler measured
    them (sources/gaps/), capped to what is left; of the rest, the time a collective was in
@@ -41,8 +43,7 @@ _COMPUTE = (sc.PART_FORWARD, sc.PART_BACKWARD, sc.PART_OPTIMIZER)
 
 
 #: the intervals an instant can be in, as bits of a mask: compile, communication in flight,
-#: the phases in order, a phase the contract does not know (its time stays accounted for,
-#: as not explained)
+#: the phases in order, a region the user named (any other phase name: ``regions``)
 _COMPILE, _COMM = 0, 1
 _PHASE_INDEX = {phase: 2 + i for i, phase in enumerate(_PHASE_ORDER)}
 _OTHER_PHASE = 2 + len(_PHASE_ORDER)
@@ -52,7 +53,7 @@ _PHASE_BITS = sum(1 << (2 + i) for i in range(len(_PHASE_ORDER) + 1))
 #: what an instant is given to, by where it is: the categories above, and outside every
 #: phase with or without a collective in flight
 _OUTSIDE, _OUTSIDE_COMM = _BITS, _BITS + 1
-_PART_OF = (sc.PART_COMPILE, sc.PART_EXPOSED_COMM, *_PHASE_ORDER, sc.PART_NOT_EXPLAINED)
+_PART_OF = (sc.PART_COMPILE, sc.PART_EXPOSED_COMM, *_PHASE_ORDER, sc.PART_REGIONS)
 
 
 def _winner(mask: int) -> int:
@@ -81,7 +82,7 @@ _DATA_WAIT_AT, _COMM_AT, _COMPILE_AT = (_AT[sc.PART_DATA_WAIT], _AT[sc.PART_EXPO
                                         _AT[sc.PART_COMPILE])
 _DEVICE_AT, _BUSY_AT, _NOT_EXPLAINED_AT = (_AT[sc.PART_DEVICE_WAIT], _AT[sc.PART_HOST_BUSY],
                                            _AT[sc.PART_NOT_EXPLAINED])
-_GPU_OUTSIDE_AT = _AT[sc.PART_GPU_OUTSIDE_PHASES]
+_GPU_OUTSIDE_AT, _REGIONS_AT = _AT[sc.PART_GPU_OUTSIDE_PHASES], _AT[sc.PART_REGIONS]
 
 
 def partition(lo: int, hi: int, phases: Iterable[tuple[str, int, int]],
@@ -145,7 +146,7 @@ def _phases_in_order(lo: int, hi: int, phases: Sequence[tuple[str, int, int, int
             continue
         if start < last_end:
             return None
-        parts[at(phase, _NOT_EXPLAINED_AT)] += end - start
+        parts[at(phase, _REGIONS_AT)] += end - start
         covered += end - start
         last_end = end
     return covered
@@ -207,33 +208,40 @@ def _outside(parts: list[int], left: int, with_comm: int, device_wait: int,
 
 
 def goodput(parts: Mapping[str, float], warmup: bool, before_s: float,
-            before_bucket: str = sc.GOODPUT_BETWEEN_STEPS) -> dict[str, float]:
+            before_bucket: str = sc.GOODPUT_BETWEEN_STEPS, checkpoint_s: float = 0.0
+            ) -> dict[str, float]:
     """A step's contribution to the goodput buckets (``semconv.GOODPUT_BUCKETS``), seconds:
     its parts, and the ``before_s`` seconds since the rank's previous step ended (or since
     the process started, for the first step: ``before_bucket`` startup). A warm-up step's
-    time other than compile is all ``warmup``; a steady step's compute is ``productive``."""
+    time other than compile and checkpoints is all ``warmup``; a steady step's compute is
+    ``productive``. ``checkpoint_s``: the step's time in regions named ``checkpoint`` (of
+    its ``regions`` part), the ``checkpoint`` loss."""
     values = [parts.get(part, 0.0) for part in sc.PARTS]
     return dict(zip(sc.GOODPUT_BUCKETS, goodput_list(
-        values, warmup, before_s, before_bucket == sc.GOODPUT_STARTUP), strict=True))
+        values, warmup, before_s, before_bucket == sc.GOODPUT_STARTUP, checkpoint_s),
+        strict=True))
 
 
 def goodput_list(parts: Sequence[float], warmup: bool, before: float,
-                 first: bool) -> list[float]:
+                 first: bool, checkpoint: float = 0) -> list[float]:
     """:func:`goodput` on :func:`partition_ns`'s list (any unit: ns on the emitter thread),
-    in ``semconv.GOODPUT_BUCKETS``' order; ``first``: the time before is start-up."""
+    in ``semconv.GOODPUT_BUCKETS``' order; ``first``: the time before is start-up;
+    ``checkpoint``: the step's checkpoint regions (at most its ``regions`` part)."""
     out = [0] * len(sc.GOODPUT_BUCKETS)
     out[_B[sc.GOODPUT_STARTUP] if first else _B[sc.GOODPUT_BETWEEN_STEPS]] = max(before, 0)
     compile_time = parts[_COMPILE_AT]
     out[_B[sc.GOODPUT_COMPILE]] = compile_time
+    checkpoint = min(max(checkpoint, 0), parts[_REGIONS_AT])
+    out[_B[sc.GOODPUT_CHECKPOINT]] = checkpoint
     if warmup:
-        out[_B[sc.GOODPUT_WARMUP]] = sum(parts) - compile_time
+        out[_B[sc.GOODPUT_WARMUP]] = sum(parts) - compile_time - checkpoint
         return out
     out[_B[sc.GOODPUT_PRODUCTIVE]] = sum(parts[at] for at in _COMPUTE_AT)
     out[_B[sc.GOODPUT_DATA_WAIT]] = parts[_DATA_WAIT_AT]
     out[_B[sc.GOODPUT_EXPOSED_COMM]] = parts[_COMM_AT]
     out[_B[sc.GOODPUT_DEVICE_WAIT]] = parts[_DEVICE_AT]
-    out[_B[sc.GOODPUT_OUTSIDE_PHASES]] = (parts[_GPU_OUTSIDE_AT] + parts[_BUSY_AT]
-                                          + parts[_NOT_EXPLAINED_AT])
+    out[_B[sc.GOODPUT_OUTSIDE_PHASES]] = (parts[_REGIONS_AT] - checkpoint + parts[_GPU_OUTSIDE_AT]
+                                          + parts[_BUSY_AT] + parts[_NOT_EXPLAINED_AT])
     return out
 
 

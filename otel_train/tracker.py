@@ -55,6 +55,7 @@ except ImportError:  # no compiler, another platform: the Python reference below
     _fastpath = None  # type: ignore[assignment]
 
 DATA_WAIT, FORWARD, BACKWARD, OPTIMIZER = semconv.TIMED_PHASES
+_PHASES = frozenset(semconv.TIMED_PHASES)  # any other phase is a region the user named
 _Tensor = torch.Tensor
 _SEQUENCES = (tuple, list)
 #: dtypes whose 2-D tensors count as token ids (integers and bools: not float, not complex)
@@ -287,8 +288,9 @@ class StepTracker:
 
     def _begin_inside(self, phase: str) -> bool:
         """A phase begins while another is open: True if it is nested (counted, not
-        recorded); else the open one is closed first."""
-        if phase != DATA_WAIT:
+        recorded); else the open one is closed first. The optimizer's step inside a region
+        the user named (``otel_train.region``) ends the region: the step must end there."""
+        if phase != DATA_WAIT and not (phase == OPTIMIZER and self.phase not in _PHASES):
             self._depth += 1  # nested: an optimizer's closure running forward/backward
             return True
         # Fetching the next batch means the open phase ended without its end hook (an

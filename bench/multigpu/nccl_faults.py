@@ -2,14 +2,15 @@
 ``NCCL_HOSTID``, the socket transport), a user's DDP script with one fault at a time
 (tests/gpu/nccl_faults_train.py), and what otel-train makes of it, with a verdict.
 
-    python bench/multigpu/nccl_faults.py --ranks 8 --out DIR [--faults hang,cpu,gpu,gpu_between,data]
+    python bench/multigpu/nccl_faults.py --ranks 8 --out DIR [--faults hang,cpu,gpu,gpu_between,region,data]
                                          [--cost-ranks 2,4,8] [--md bench/results/....md]
 
 Per fault, from the run directory and ``otel-train report --json``:
 - every sampled step is one trace holding a ``training.rank_step`` of each of the N ranks;
 - the fault is named: its step, its rank, its cause (``hang`` and ``cpu``: the untimed stretch
   between forward and backward with the script's line; ``gpu``: the forward's GPU time;
-  ``gpu_between``: GPU work queued between forward and backward; ``data``: the data wait), and where a waiting rank's host blocked, the collective its GPU
+  ``gpu_between``: GPU work queued between forward and backward; ``region``: the region
+  ``metrics``; ``data``: the data wait), and where a waiting rank's host blocked, the collective its GPU
   waited in and the rank it waited for;
 - ``hang``: the waiting ranks log ``training.collective.stalled`` for the hung collective
   before the process group's timeout (``OTEL_TRAIN_STALL_TIMEOUT_S=2`` here, the sleep 6 s);
@@ -47,6 +48,7 @@ FAULTS = {  # fault: (steps, extra environment)
     "cpu": ("5,8,11", {}),
     "gpu": ("5,8,11", {}),
     "gpu_between": ("5,8,11", {}),
+    "region": ("5,8,11", {}),
     "data": ("8", {}),
 }
 MAX_NOT_EXPLAINED = 0.10
@@ -128,6 +130,8 @@ def expected(fault: str, ranks: int, slow: list[dict]) -> tuple[bool, str]:
             misses.append(f"step {step}: location {got['location']}")
         if fault == "gpu" and (got["phase"], got["on_gpu"]) != ("forward", True):
             misses.append(f"step {step}: {got['phase']} on_gpu={got['on_gpu']}")
+        if fault == "region" and (got["phase"], got["segment"]) != ("regions", "metrics"):
+            misses.append(f"step {step}: {got['phase']} segment={got['segment']}")
         if fault == "gpu_between" and (got["phase"], got["on_gpu"], got["segment"]) != (
                 "gpu_outside_phases", True, "between forward and backward"):
             misses.append(f"step {step}: {got['phase']} on_gpu={got['on_gpu']} "

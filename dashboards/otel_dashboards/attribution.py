@@ -314,7 +314,9 @@ def _goodput(board: dash.Dashboard) -> None:
             "buckets' seconds: the bands add up to 100%. startup is the ranks' start to their "
             "first step; compile and warmup the first steps; between_steps the time between "
             "one step's end and the next one's start (evaluation, checkpoints outside the "
-            "step); outside_phases the steady steps' host work and unexplained time.",
+            "step); checkpoint the regions named checkpoint (otel_train.region); "
+            "outside_phases the steady steps' host work, the GPU work queued outside the "
+            "phases, the other regions and unexplained time.",
             [kit.prom(bucket_share(), "{{" + names.BUCKET + "}}")],
             unit="percentunit",
             width=18,

@@ -54,7 +54,8 @@ class Figure:
 
 PART_LABELS = {
     sc.PART_DATA_WAIT: "data wait", sc.PART_FORWARD: "forward", sc.PART_BACKWARD: "backward",
-    sc.PART_OPTIMIZER: "optimizer", sc.PART_EXPOSED_COMM: "exposed comm",
+    sc.PART_OPTIMIZER: "optimizer", sc.PART_REGIONS: "your regions",
+    sc.PART_EXPOSED_COMM: "exposed comm",
     sc.PART_COMPILE: "compile", sc.PART_DEVICE_WAIT: "blocked on device",
     sc.PART_GPU_OUTSIDE_PHASES: "GPU work outside phases", sc.PART_HOST_BUSY: "host busy",
     sc.PART_NOT_EXPLAINED: "not explained",

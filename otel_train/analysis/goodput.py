@@ -119,15 +119,19 @@ def _from_traces(traces: TraceDigest, by_rank: dict[int, list[int]], warm: set[i
         for i in rows:
             compile_s = phases[sc.PART_COMPILE][i]
             buckets[sc.GOODPUT_COMPILE] += compile_s
+            regions_s = phases[sc.PART_REGIONS][i]
+            checkpoint_s = min(table.regions[i][1], regions_s) if i in table.regions else 0.0
+            buckets[sc.GOODPUT_CHECKPOINT] += checkpoint_s
             if table.steps[i] in warm:
-                buckets[sc.GOODPUT_WARMUP] += table.durations[i] - compile_s
+                buckets[sc.GOODPUT_WARMUP] += table.durations[i] - compile_s - checkpoint_s
                 continue
             buckets[sc.GOODPUT_PRODUCTIVE] += sum(phases[p][i] for p in COMPUTE)
             for bucket in STEADY_LOSSES:
                 buckets[bucket] += phases[bucket][i]
             device = parts[sc.PART_DEVICE_WAIT][i]
             buckets[sc.GOODPUT_DEVICE_WAIT] += device
-            buckets[sc.GOODPUT_OUTSIDE_PHASES] += max(phases[UNTIMED][i] - device, 0.0)
+            buckets[sc.GOODPUT_OUTSIDE_PHASES] += (max(phases[UNTIMED][i] - device, 0.0)
+                                                   + regions_s - checkpoint_s)
         stepped = sum(table.durations[i] for i in rows)
         buckets[sc.GOODPUT_BETWEEN_STEPS] = max((last_end - first_start) / 1e9 - stepped, 0.0)
         out[rank] = buckets

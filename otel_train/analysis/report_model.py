@@ -221,6 +221,9 @@ class SlowStep:
         if self.segment:
             text = (f"step {self.step}: rank {self.rank} {self.phase_s:.3g} s {self.segment}, "
                     f"{self.share:.0%} of step")
+        if self.phase == sc.PART_REGIONS and self.segment:  # a region the user named
+            text = (f"step {self.step}: rank {self.rank} region {self.segment} "
+                    f"{self.phase_s:.3g} s, {self.share:.0%} of step")
         if self.phase == sc.PHASE_GPU_OUTSIDE_PHASES:  # the rank's GPU work no phase holds
             text = (f"step {self.step}: rank {self.rank} {self.phase_s:.3g} s of GPU work "
                     f"queued {self.segment or 'outside the phases'}, {self.share:.0%} of step")

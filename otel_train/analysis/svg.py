@@ -21,7 +21,8 @@ from otel_train.analysis.traces import PHASES, UNTIMED, UNTIMED_PARTS
 
 COLORS = {
     "data_wait": "#e4572e", "forward": "#17becf", "backward": "#1f77b4",
-    "optimizer": "#9467bd", "exposed_comm": "#f2a541", "compile": "#7f7f7f",
+    "optimizer": "#9467bd", "regions": "#aec7e8", "exposed_comm": "#f2a541",
+    "compile": "#7f7f7f",
     "collective": "#2ca02c", "untimed": "#c7c7c7",
     # untimed time's parts, where the run records them (sources/gaps.py)
     "device_wait": "#8c564b", "gpu_outside_phases": "#e377c2", "host_busy": "#bcbd22",

@@ -384,7 +384,9 @@ GOODPUT_LABELS = {
     "data_wait": "data wait",
     "exposed_comm": "exposed communication",
     "device_wait": "blocked on device",
-    "outside_phases": "outside the phases (host work, GPU work queued there, not explained)",
+    "checkpoint": "checkpoint (regions named checkpoint)",
+    "outside_phases": "outside the phases (host work, GPU work queued there, other regions, "
+                      "not explained)",
     "between_steps": "between steps (eval, checkpoints)",
     "after_last_step": "after the last step (teardown)",
     "restart": "restart (between attempts under the run id)",

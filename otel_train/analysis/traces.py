@@ -42,7 +42,12 @@ UNTIMED = "untimed"
 #: the report's columns of a rank step, in the order it shows them: the parts of the step's
 #: partition (otel_train/partition.py), disjoint and adding up to the step, with the three
 #: parts outside the phases added into ``UNTIMED`` (``StepTable.untimed_parts`` splits it)
-PHASES = (*sc.TIMED_PHASES, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
+PHASES = (*sc.TIMED_PHASES, sc.PART_REGIONS, sc.PHASE_EXPOSED_COMM, sc.PHASE_COMPILE, UNTIMED)
+#: the regions users named (otel_train.region): one column, each row's largest named apart
+REGIONS = sc.PART_REGIONS
+#: phase totals that are not a region's (``training.phase_total.<name>``)
+_NOT_REGIONS = frozenset({*sc.TIMED_PHASES, *sc.PARTS, sc.PHASE_EXPOSED_COMM,
+                          sc.PHASE_COMPILE})
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
 #: the attributes of a collective's span that pass one reads: five for the tallies, and
@@ -99,6 +104,16 @@ def step_parts(attrs: dict[str, Any], duration: float) -> dict[str, float]:
     for part in UNTIMED_PARTS:
         out[part] = float(get(sc.ATTR_PHASE_TOTAL_PREFIX + part, 0.0))
     return out
+
+
+def _regions_of(attrs: dict[str, Any]) -> tuple[str, float]:
+    """A rank step's largest region (by its ``training.phase_total.<name>``) and its seconds
+    in regions named ``checkpoint``."""
+    prefix = sc.ATTR_PHASE_TOTAL_PREFIX
+    totals = {key[len(prefix):]: float(value) for key, value in attrs.items()
+              if key.startswith(prefix) and key[len(prefix):] not in _NOT_REGIONS}
+    largest = max(totals, key=totals.__getitem__) if totals else sc.REGION_OTHER
+    return largest, totals.get(sc.REGION_CHECKPOINT, 0.0)
 
 
 def _sum(values: array) -> float:
@@ -186,6 +201,9 @@ class StepTable:
     #: row -> the stretch that held most of its GPU work outside the phases ("between
     #: forward and backward"; only rows that have some)
     gpu_segments: dict[int, str] = field(default_factory=dict)
+    #: row -> (the region that held most of its ``regions`` time, the seconds in regions
+    #: named ``checkpoint``); only rows with time in regions
+    regions: dict[int, tuple[str, float]] = field(default_factory=dict)
     #: the samples and tokens the rank trained in the step (``training.samples``,
     #: ``training.tokens`` of its rank_step span), -1 where the span does not say
     samples: array = field(default_factory=lambda: array("d"))
@@ -218,6 +236,8 @@ class StepTable:
         segment = attrs.get(sc.ATTR_GPU_OUTSIDE_SEGMENT)
         if segment:
             self.gpu_segments[len(self.steps) - 1] = str(segment)
+        if parts.get(REGIONS):
+            self.regions[len(self.steps) - 1] = _regions_of(attrs)
         self.samples.append(float(attrs.get(sc.ATTR_SAMPLES, -1.0)))
         self.tokens.append(float(attrs.get(sc.ATTR_TOKENS, -1.0)))
         self.mfu.append(float(attrs.get(sc.ATTR_MFU, -1.0)))
@@ -226,6 +246,7 @@ class StepTable:
         base = len(self.steps)
         self.gaps.update({base + row: gaps for row, gaps in other.gaps.items()})
         self.gpu_segments.update({base + row: s for row, s in other.gpu_segments.items()})
+        self.regions.update({base + row: r for row, r in other.regions.items()})
         self.throttled.extend(other.throttled)
         self.steps.extend(other.steps)
         self.ranks.extend(other.ranks)

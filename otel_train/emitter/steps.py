@@ -68,6 +68,7 @@ phase_span_id: Callable[[tuple[Any, ...]], int] = operator.itemgetter(
 _DEVICE_WAIT_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_DEVICE_WAIT
 _HOST_BUSY_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_HOST_BUSY
 _GPU_OUTSIDE_TOTAL = semconv.ATTR_PHASE_TOTAL_PREFIX + semconv.PART_GPU_OUTSIDE_PHASES
+_CHECKPOINT = semconv.REGION_CHECKPOINT
 
 
 def _step_decision(sampler: sampling.Sampler) -> Callable[[int], bool]:
@@ -335,8 +336,10 @@ class StepAssembly:
             int(extra.get(_GPU_OUTSIDE_TOTAL, 0.0) * 1e9))
         first = self._last_end is None
         before = start + offset - self.account_start_ns if first else start - self._last_end
+        checkpoint = sum(min(b, end) - max(a, start) for phase, _, a, b in info.phase_intervals
+                         if phase == _CHECKPOINT and min(b, end) > max(a, start))
         self.time_counters.add(parts, step_time.goodput_list(
-            parts, first or bool(compiles), before, first))
+            parts, first or bool(compiles), before, first, checkpoint))
         self._last_end = end
 
     def _after_step(self, info: StepWork, duration_s: float) -> None:

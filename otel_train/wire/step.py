@@ -178,4 +178,5 @@ def _spans(record: StepRecord, rank_ctx: SpanContext, span: Callable[..., Any]) 
                  semconv.ATTR_MICRO_BATCH: micro}
         if added:
             attrs.update(added)
-        span(semconv.PHASE_SPAN[phase], rank_ctx, start, end, attrs, span_id, 0, (), error)
+        span(semconv.PHASE_SPAN.get(phase, semconv.SPAN_REGION), rank_ctx, start, end, attrs,
+             span_id, 0, (), error)

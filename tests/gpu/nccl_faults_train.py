@@ -13,7 +13,9 @@ DDP, ``otel_train.instrument`` around the loop with default settings. Several ra
 FAULT: ``none``; ``hang`` (the rank sleeps ``HANG_S`` before its backward); ``cpu`` (0.4 s of
 host work between forward and backward); ``gpu`` (extra matmuls inside the model's forward on
 that rank's GPU); ``gpu_between`` (extra matmuls queued between forward and backward, outside
-every phase: loss or metric code that launches kernels, the host not delayed); ``data`` (its
+every phase: loss or metric code that launches kernels, the host not delayed); ``region``
+(0.4 s of host work inside a region the user named ``metrics``, between forward and
+backward: ``otel_train.region``); ``data`` (its
 dataset stalls ``DATA_STALL_S`` on the step's batch, longer than the loader's prefetch
 covers). Each fault's line carries a ``# FAULT:`` comment, which
 the tests look up to check the line the report names.
@@ -229,6 +231,9 @@ def main() -> None:
                 heavy(HEAVY_S)  # FAULT: cpu
             if FAULT == "gpu_between" and rank == FAULT_RANK and step in FAULT_STEPS:
                 gpu_metric(device)  # FAULT: gpu_between
+            if FAULT == "region" and rank == FAULT_RANK and step in FAULT_STEPS:
+                with otel_train.region("metrics"):  # FAULT: region
+                    heavy(HEAVY_S)
             if FAULT == "hang" and rank == FAULT_RANK and step in FAULT_STEPS:
                 time.sleep(HANG_S)  # FAULT: hang
             loss.backward()

@@ -98,3 +98,33 @@ def test_gpu_work_between_forward_and_backward_is_measured_and_named(tmp_path, c
     assert "of GPU work queued between forward and backward" in slow[GPU_STEP]["cause"]
     assert slow[HOST_STEP]["phase"] == "untimed", slow[HOST_STEP]
     assert slow[HOST_STEP]["location"].startswith("host_metric() at "), slow[HOST_STEP]
+
+
+def test_a_region_is_timed_on_the_gpu_and_its_work_is_not_outside_the_phases(tmp_path) -> None:
+    """GPU work inside ``otel_train.region("metric")`` is the region's: its span carries the
+    GPU's times, ``training.phase_gpu_total.metric`` holds the work, and the stretches between
+    the phases do not."""
+    n, expected_s = matmuls_for(0.3)
+    model, opt, data = gpu_training.setup(width=1024, depth=2, batch=256)
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="gpu-region",
+                               console_log_level="warning"):
+        for step in range(8):
+            x, y = data[step % len(data)]
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            if step == 5:
+                with otel_train.region("metric"):
+                    gpu_metric(n)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss.item()
+    run_dir = otlp_files.only_run_dir(tmp_path)
+    assert_parts_add_up(run_dir, {0})
+    spans = otlp_files.spans(run_dir)
+    (region,) = [s for s in spans if s["name"] == sc.SPAN_REGION]
+    assert region["attrs"][sc.ATTR_PHASE] == "metric"
+    assert region["attrs"][sc.ATTR_TIMING] == sc.TIMING_GPU, region["attrs"]
+    step = next(s["attrs"] for s in spans if s["name"] == sc.SPAN_RANK_STEP
+                and s["attrs"][sc.ATTR_STEP] == 5)
+    assert step[sc.ATTR_PHASE_GPU_TOTAL_PREFIX + "metric"] >= 0.8 * expected_s, step
+    assert step[sc.ATTR_GPU_OUTSIDE_PHASES] < 0.2 * expected_s, step

@@ -155,6 +155,20 @@ def test_gpu_work_queued_between_the_phases_is_named_on_its_rank_in_each_of_its_
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_a_region_the_user_named_is_blamed_by_its_name_in_each_of_its_steps(
+        tmp_path, world) -> None:
+    """Issue 53: 0.4 s of host work inside ``otel_train.region("metrics")`` on one rank: each
+    injected step names that rank and the region, not untimed time."""
+    report, run_dir = run_fault(tmp_path, world, "region", "5,8,11")
+    for step in (5, 8, 11):
+        slow = the_step(report, step)
+        assert (slow["rank"], slow["phase"], slow["segment"]) == (
+            world - 1, "regions", "metrics"), slow["cause"]
+        assert slow["unexplained"] is None, slow["cause"]
+    assert_little_is_not_explained(report)
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_a_data_stall_is_blamed_on_the_rank_whose_loader_stalled(tmp_path, world) -> None:
     report, _ = run_fault(tmp_path, world, "data", "8")
     slow = the_step(report, 8)

@@ -35,7 +35,7 @@ def timelines(draw: st.DrawFn) -> dict:
     phases = []
     t = lo - draw(st.integers(0, 10))  # a phase can start before the step's window
     for _ in range(draw(st.integers(0, 3))):  # micro-batches
-        for phase in PHASE_ORDER:
+        for phase in (*PHASE_ORDER, "loss"):  # "loss": a region the user named
             if draw(st.booleans()):
                 t += draw(st.integers(0, 12))  # untimed gap
                 length = draw(st.integers(0, 30))
@@ -61,8 +61,10 @@ def oracle(case: dict) -> dict[str, int]:
         return any(s <= t < e for s, e in spans)
 
     for t in range(case["lo"], case["hi"]):
-        phase = next((p for p in PHASE_ORDER
+        phase = next((p for p in (*PHASE_ORDER, "loss")
                       if inside(t, [(s, e) for q, s, e in case["phases"] if q == p])), None)
+        if phase == "loss":
+            phase = sc.PART_REGIONS
         comm = inside(t, case["exposed"])
         if inside(t, case["compiles"]):
             parts[sc.PART_COMPILE] += 1
@@ -130,7 +132,7 @@ def test_a_step_with_blocking_communication_inside_backward_adds_up() -> None:
     assert parts == {sc.PART_DATA_WAIT: 5, sc.PART_FORWARD: 15, sc.PART_COMPILE: 10,
                      sc.PART_BACKWARD: 25, sc.PART_EXPOSED_COMM: 15, sc.PART_OPTIMIZER: 15,
                      sc.PART_DEVICE_WAIT: 0, sc.PART_GPU_OUTSIDE_PHASES: 0,
-                     sc.PART_HOST_BUSY: 8, sc.PART_NOT_EXPLAINED: 7}
+                     sc.PART_HOST_BUSY: 8, sc.PART_NOT_EXPLAINED: 7, sc.PART_REGIONS: 0}
     assert sum(parts.values()) == 100
 
 
@@ -139,9 +141,23 @@ def test_an_empty_or_reversed_step_has_no_time() -> None:
     assert sum(step_time.partition(9, 3, []).values()) == 0
 
 
-def test_a_phase_the_contract_does_not_know_is_still_accounted_for() -> None:
+def test_a_region_the_user_named_is_a_part_of_its_own() -> None:
     parts = step_time.partition(0, 10, [("eval", 0, 4), (sc.PHASE_FORWARD, 4, 10)])
-    assert parts[sc.PART_FORWARD] == 6 and parts[sc.PART_NOT_EXPLAINED] == 4
+    assert parts[sc.PART_FORWARD] == 6 and parts[sc.PART_REGIONS] == 4
+    # a collective in flight inside a region leaves it the region's (the host ran user code)
+    parts = step_time.partition(0, 10, [("eval", 0, 10)], exposed=[(2, 6)])
+    assert parts[sc.PART_REGIONS] == 10 and parts[sc.PART_EXPOSED_COMM] == 0
+
+
+def test_a_checkpoint_region_is_the_checkpoint_loss_and_other_regions_outside_phases() -> None:
+    parts = dict.fromkeys(sc.PARTS, 0.0)
+    parts.update({sc.PART_FORWARD: 1.0, sc.PART_REGIONS: 2.5})
+    buckets = step_time.goodput(parts, warmup=False, before_s=0.0, checkpoint_s=2.0)
+    assert buckets[sc.GOODPUT_CHECKPOINT] == 2.0
+    assert buckets[sc.GOODPUT_OUTSIDE_PHASES] == pytest.approx(0.5)
+    assert sum(buckets.values()) == pytest.approx(3.5)
+    warm = step_time.goodput(parts, warmup=True, before_s=0.0, checkpoint_s=2.0)
+    assert (warm[sc.GOODPUT_CHECKPOINT], warm[sc.GOODPUT_WARMUP]) == (2.0, 1.5)
 
 
 def test_a_steady_step_s_goodput_takes_each_part_once() -> None:

@@ -27,6 +27,7 @@ from otel_train.analysis.causes import (
     missing_telemetry,
     not_explained,
     own_phase,
+    regions,
     untimed,
     waited_in_collectives,
     waited_in_phase,
@@ -56,6 +57,7 @@ DETAILS: list[Detail] = [
     not_explained.DETAIL,  # the phases hold too little of the step's excess
     data_wait.DETAIL,  # the data wait's line or DataLoader worker
     gpu_outside.DETAIL,  # GPU work queued outside the phases: its stretch and line
+    regions.DETAIL,  # a region the user named: its name
     untimed.DETAIL,  # the untimed stretch and the user code sampled there
 ]
 

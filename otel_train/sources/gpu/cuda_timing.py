@@ -1,7 +1,7 @@
 """GPU-true phase times: CUDA events at phase boundaries, resolved off the training thread.
 
 Training thread (a ``StepTracker`` phase hook): at each forward, backward and optimizer phase
-begin and end, record a pooled ``torch.cuda.Event(enable_timing=True)`` on the current stream
+(and region the user named) begin and end, record a pooled ``torch.cuda.Event(enable_timing=True)`` on the current stream
 (asynchronous: it only enqueues a marker; ``torch_compat.event_recorder`` skips the Python of
 ``current_stream()``) and put one record per phase. Nothing else.
 
@@ -52,7 +52,9 @@ MAX_HELD = 64
 MAX_EVENTS = 4096
 #: steps over which the clock offset's bounds are kept
 CLOCK_WINDOW = 1024
-_TIMED = frozenset((semconv.PHASE_FORWARD, semconv.PHASE_BACKWARD, semconv.PHASE_OPTIMIZER))
+#: the one phase not GPU-timed (host time by nature); forward, backward, optimizer and the
+#: regions users name (otel_train.region) are
+_UNTIMED = semconv.PHASE_DATA_WAIT
 
 
 class EventPool:
@@ -182,7 +184,7 @@ class CudaTimingSource:
     # --- hot path (training thread) --------------------------------------------------
     def _phase_hook(self, begin: bool, now: int) -> None:
         tracker = self.tracker
-        if tracker.phase not in _TIMED:
+        if tracker.phase == _UNTIMED:
             return
         try:
             if begin:
