@@ -294,7 +294,8 @@ class StepTracker:
             self._depth += 1  # nested: an optimizer's closure running forward/backward
             return True
         # Fetching the next batch means the open phase ended without its end hook (an
-        # optimizer step that raised, say): close it here rather than lose the rest.
+        # optimizer step that raised, say): close it here rather than lose the rest. The
+        # optimizer's step closes an open region the same way (its end then does nothing).
         self._depth = 0
         self.end(self.phase)  # type: ignore[arg-type]
         return False

@@ -176,3 +176,29 @@ def torch_loss(model, x, y):
     import torch
 
     return torch.nn.functional.mse_loss(model(x), y)
+
+
+def test_the_optimizer_step_inside_a_region_still_ends_the_step(tmp_path) -> None:
+    """A region around ``opt.step()`` (a user's "update" block): the optimizer's step ends the
+    region and the step, so steps stay steps; a forward inside a region is the region's."""
+    from support import training
+
+    model, opt, loader = training.setup(batches=4)
+    with otel_train.instrument(model, optimizer=opt, output_dir=tmp_path, run_id="update",
+                               console_log_level="warning"):
+        for x, y in loader:
+            with otel_train.region("evaluate"):
+                model(x)  # an evaluation's forward: the region's
+            loss = torch_loss(model, x, y)
+            loss.backward()
+            with otel_train.region("update"):
+                opt.step()
+            opt.zero_grad()
+    spans = otlp_files.spans(otlp_files.only_run_dir(tmp_path))
+    assert {s["attrs"][sc.ATTR_STEP] for s in spans if s["name"] == sc.SPAN_RANK_STEP} == {
+        0, 1, 2, 3}
+    forwards = [s for s in spans if s["name"] == sc.SPAN_FORWARD]
+    assert len(forwards) == 4, len(forwards)  # one a step: the evaluation's are not forwards
+    assert len([s for s in spans if s["name"] == sc.SPAN_OPTIMIZER]) == 4
+    assert {s["attrs"][sc.ATTR_PHASE] for s in spans if s["name"] == sc.SPAN_REGION} >= {
+        "evaluate"}

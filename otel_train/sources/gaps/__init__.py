@@ -21,7 +21,8 @@ reads a few attributes of the step tracker, and only when
 the training thread has been outside every phase (or in one data wait) for ``SAMPLE_AGE_S``
 does it read the thread's stack (``sys._current_frames``), keeping the innermost frames of
 user code: no library frame, none of otel-train's hooks. While the stretch, or the step's
-overrun, lasts it looks again after SAMPLE_AGE_S, then three times that, and so on. A
+overrun, lasts it looks again after SAMPLE_AGE_S, then three times that, and so on (a look
+the alarm woke does so too, though the sampler slept towards an aimed look below). A
 stretch that comes back step after step (a ``.item()``, a host copy, a wait on a peer: the
 emitted steps show where in the step it lies) is aimed at instead: the look lands in the
 middle of where it can be sampled, on the first step ``gap_sample_s`` or more from now, once
