@@ -218,6 +218,7 @@ PART_SHARE = {
     "data_wait": 0.08,
     "exposed_comm": 0.1,
     "compile": 0.02,
+    "regions": 0.02,
     "device_wait": 0.1,
     "gpu_outside_phases": 0.03,
     "host_busy": 0.02,
@@ -262,8 +263,8 @@ def goodput_increments(shares: dict[str, float], step_seconds: float, first: boo
     buckets["productive"] = sum(shares[p] for p in PART_COMPUTE) * step_seconds
     for part in ("data_wait", "exposed_comm", "device_wait"):
         buckets[part] = shares[part] * step_seconds
-    buckets["outside_phases"] = (shares["gpu_outside_phases"] + shares["host_busy"]
-                                 + shares["not_explained"]) * step_seconds
+    buckets["outside_phases"] = (shares["regions"] + shares["gpu_outside_phases"]
+                                 + shares["host_busy"] + shares["not_explained"]) * step_seconds
     return buckets
 
 
