@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from otel_train import semconv
-from otel_train.analysis import legacy
+from otel_train.analysis import legacy, typed
 from otel_train.analysis.parallel import start_chunks
 
 T = TypeVar("T")
@@ -241,12 +241,16 @@ def line_number(path: Path, offset: int) -> int:
 
 
 def _lines(path: Path, decode: Callable[[dict[str, Any]], list[T]], damage: Damage | None,
-           needles: tuple[bytes, ...] | None = None) -> Iterator[tuple[int, int, list[T]]]:
+           needles: tuple[bytes, ...] | None = None,
+           fast: Callable[[bytes], list[T] | None] | None = None
+           ) -> Iterator[tuple[int, int, list[T]]]:
     """(line number, byte offset, items) of each line of ``path`` that holds some: ``decode``
     turns one export request into items (a field of the wrong type raises). A line that is
     not one whole request is damaged: counted in ``damage`` (else warned), the whole
     requests on it kept (a restarted writer appends on the line its killed one tore).
-    ``needles``: lines holding none of these bytes are not parsed."""
+    ``needles``: lines holding none of these bytes are not parsed. ``fast``: the items of a
+    line (upgraded: legacy.py) decoded another way (typed.py), the same as ``decode``'s,
+    or None where that way cannot read it whole: then json and ``decode`` read it."""
     found = FileDamage(path)
     offset = 0
     with open(path, "rb") as lines:
@@ -255,7 +259,9 @@ def _lines(path: Path, decode: Callable[[dict[str, Any]], list[T]], damage: Dama
             offset += len(line)
             if needles is not None and not any(needle in line for needle in needles):
                 continue
-            items = _line_items(line, number, decode, found)
+            items = None if fast is None else fast(legacy.upgrade(line))
+            if items is None:
+                items = _line_items(line, number, decode, found)
             if items:
                 yield number, at, items
     _settle(found, damage)
@@ -346,9 +352,25 @@ def _resources(request: dict[str, Any], key: str, run_id: str | None
                ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """(decoded resource attributes, raw entry) of one request, only run ``run_id``'s."""
     for entry in request.get(key, ()):
-        resource = decode_attributes(entry.get("resource", {}).get("attributes"))
-        if run_id is None or str(resource.get(semconv.RES_RUN_ID, run_id)) == run_id:
+        resource = _run_resource(entry.get("resource", {}), run_id)
+        if resource is not None:
             yield resource, entry
+
+
+def _run_resource(resource: Any, run_id: str | None) -> dict[str, Any] | None:
+    """The decoded attributes of a raw ``resource``; None where it is not run ``run_id``'s."""
+    attributes = decode_attributes(resource.get("attributes"))
+    if run_id is None or str(attributes.get(semconv.RES_RUN_ID, run_id)) == run_id:
+        return attributes
+    return None
+
+
+def _typed_batches(run_id: str | None) -> Callable[[bytes], list[typed.Batch] | None] | None:
+    """The fast decoding of a traces line into span batches (typed.py), None where it is
+    off: the ``fast`` of :func:`_lines`."""
+    if not typed.enabled():
+        return None
+    return lambda line: typed.span_batches(line, run_id, lambda r: _run_resource(r, run_id))
 
 
 @dataclass(slots=True)
@@ -391,15 +413,19 @@ def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
 
 
 def iter_span_batches(path: Path, run_id: str | None = None, damage: Damage | None = None
-                      ) -> Iterator[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+                      ) -> Iterator[tuple[int, dict[str, Any], list[Any]]]:
     """(byte offset of its line, decoded resource attributes, raw spans as in the file) of
     every scope's spans in one file, run ``run_id``'s: for the passes over every span,
     which build no :class:`Span` and decode only what they read (a loop over a batch costs
     far less per span than a generator yielding each); the offsets let a later pass read a
-    trace's lines only (:func:`spans_at`). Damaged lines are counted in ``damage`` (else
-    warned); a wrongly typed field of a span is the caller's to find
+    trace's lines only (:func:`spans_at`). A raw span is the dict json makes of it, or,
+    where msgspec read its line, a :class:`~otel_train.analysis.typed.TypedSpan` read the
+    same way (``span.get("name")``, ``span["attributes"]``: the same values), whose
+    attributes are decoded only when asked for. Damaged lines are counted in ``damage``
+    (else warned); a wrongly typed field of a span is the caller's to find
     (:func:`skip_damaged`)."""
-    for _, at, batches in _lines(path, lambda request: _span_batches(request, run_id), damage):
+    for _, at, batches in _lines(path, lambda request: _span_batches(request, run_id), damage,
+                                 fast=_typed_batches(run_id)):
         for resource, spans in batches:
             yield at, resource, spans
 
@@ -507,16 +533,23 @@ def fold_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
 def _span_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
                 trace_ids: set[str], run_id: str | None) -> Iterator[list[Span]]:
     """The spans of ``trace_ids``, a line's at a time (a damaged line's none)."""
+    fast = _typed_batches(run_id)
     for k, path in files:
         wrong = FileDamage(path)
         with open(path, "rb") as handle:
             for offset in offsets[k]:
                 handle.seek(offset)
-                requests = _line_items(handle.readline(), 0, _whole, FileDamage(path))
+                text = handle.readline()
+                batches = None if fast is None else fast(legacy.upgrade(text))
                 try:
-                    line = [_span(raw, resource) for request in requests
-                            for raw, resource in _raw_spans(request, run_id)
-                            if raw.get("traceId", "") in trace_ids]
+                    if batches is None:  # json's dicts, where msgspec did not read it
+                        line = [_span(raw, resource) for request in
+                                _line_items(text, 0, _whole, FileDamage(path))
+                                for raw, resource in _raw_spans(request, run_id)
+                                if raw.get("traceId", "") in trace_ids]
+                    else:
+                        line = [_span(raw, resource) for resource, spans in batches
+                                for raw in spans if raw.get("traceId", "") in trace_ids]
                 except DAMAGE_ERRORS as err:
                     wrong.add(line_number(path, offset), wrong_type(err))
                     continue
