@@ -534,6 +534,8 @@ def _span_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
                 trace_ids: set[str], run_id: str | None) -> Iterator[list[Span]]:
     """The spans of ``trace_ids``, a line's at a time (a damaged line's none)."""
     fast = _typed_batches(run_id)
+    # a TypedSpan's absent trace id is UNSET, where json's dict says "" (get's default)
+    typed_ids = trace_ids | {typed.UNSET} if "" in trace_ids else trace_ids
     for k, path in files:
         wrong = FileDamage(path)
         with open(path, "rb") as handle:
@@ -548,8 +550,8 @@ def _span_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
                                 for raw, resource in _raw_spans(request, run_id)
                                 if raw.get("traceId", "") in trace_ids]
                     else:
-                        line = [_span(raw, resource) for resource, spans in batches
-                                for raw in spans if raw.get("traceId", "") in trace_ids]
+                        line = [_typed_span(raw, resource) for resource, spans in batches
+                                for raw in spans if raw.traceId in typed_ids]
                 except DAMAGE_ERRORS as err:
                     wrong.add(line_number(path, offset), wrong_type(err))
                     continue
@@ -568,6 +570,8 @@ _TYPED_ATTRIBUTES = {semconv.ATTR_RANK: int, semconv.ATTR_STEP: int,
 
 
 def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
+    if raw.__class__ is typed.TypedSpan:
+        return _typed_span(raw, resource)
     attributes = decode_attributes(raw.get("attributes"))
     for key, kind in _TYPED_ATTRIBUTES.items():
         if key in attributes:
@@ -582,6 +586,31 @@ def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
         attributes=attributes,
         resource=resource,
         links=links_of(raw),
+    )
+
+
+def _typed_span(raw: typed.TypedSpan, resource: dict[str, Any]) -> Span:
+    """:func:`_span` of a span msgspec decoded: the same, its fields read directly (its
+    ``get`` is a Python call, and this runs for every span of the slowest steps)."""
+    attributes = raw.attributes
+    attributes = decode_attributes(typed.decode_raw(attributes) if attributes else None)
+    for key, kind in _TYPED_ATTRIBUTES.items():
+        if key in attributes:
+            attributes[key] = kind(attributes[key])
+    unset = typed.UNSET
+    name, trace_id, span_id, parent_id, start, end = (
+        raw.name, raw.traceId, raw.spanId, raw.parentSpanId, raw.startTimeUnixNano,
+        raw.endTimeUnixNano)
+    return Span(
+        name="" if name is unset else name,
+        trace_id="" if trace_id is unset else trace_id,
+        span_id="" if span_id is unset else span_id,
+        parent_id="" if parent_id is unset else parent_id,
+        start_ns=0 if start is unset else int(start),
+        end_ns=0 if end is unset else int(end),
+        attributes=attributes,
+        resource=resource,
+        links=links_of(raw) if raw.links else [],
     )
 
 

@@ -35,6 +35,7 @@ from otel_train.analysis.otlp import (
     start_spans_at,
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
+from otel_train.analysis.typed import UNSET, TypedSpan
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases): its
 #: parts device_wait, host_busy and not_explained, added
@@ -458,10 +459,19 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
             for offset, resource, spans in iter_span_batches(path, run_id):
                 part = TraceDigest()  # a field of the wrong type leaves out its line only
                 with skip_damaged(path, offset):
-                    for raw in spans:
-                        if raw.get("name") in PASS_ONE_SPANS:
-                            part.add(raw, resource)
-                    trace_ids = {raw.get("traceId", "") for raw in spans}
+                    if spans and spans[0].__class__ is TypedSpan:  # a line's are all, or none
+                        for raw in spans:  # fields read directly: get is a Python call
+                            if raw.name in PASS_ONE_SPANS:
+                                part.add(raw, resource)
+                        trace_ids = {raw.traceId for raw in spans}
+                        if UNSET in trace_ids:  # no trace id: json's dict says "" (get's)
+                            trace_ids.discard(UNSET)
+                            trace_ids.add("")
+                    else:
+                        for raw in spans:
+                            if raw.get("name") in PASS_ONE_SPANS:
+                                part.add(raw, resource)
+                        trace_ids = {raw.get("traceId", "") for raw in spans}
                     digest.merge(part)
                     for trace_id in trace_ids:
                         where = lines.setdefault(trace_id, [])

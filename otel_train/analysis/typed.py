@@ -79,6 +79,15 @@ if msgspec is not None:
                 return decode_raw(value) if value else default
             return value
 
+        def ids(self) -> tuple[str, str, str, str]:
+            """(name, traceId, spanId, parentSpanId), "" where the span has none: what the
+            readers take of json's dict with ``get(key, "")``."""
+            name, trace_id, span_id, parent_id = (self.name, self.traceId, self.spanId,
+                                                  self.parentSpanId)
+            return ("" if name is UNSET else name, "" if trace_id is UNSET else trace_id,
+                    "" if span_id is UNSET else span_id,
+                    "" if parent_id is UNSET else parent_id)
+
         def __getitem__(self, key: str) -> Any:
             value = self.get(key, UNSET)
             if value is UNSET:
@@ -100,6 +109,14 @@ if msgspec is not None:
     _DECODER: Any = msgspec.json.Decoder(_TracesRequest)
 else:  # pragma: no cover
     _DECODER = None
+
+    class TypedSpan:  # type: ignore[no-redef]
+        """Never made without msgspec: every span is json's dict."""
+
+    UNSET = object()
+
+    def decode_raw(raw: Any) -> Any:
+        return json.loads(bytes(raw))
 
 
 def enabled() -> bool:
