@@ -514,9 +514,10 @@ def start_fold_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
                            workers=workers)
 
     def merged() -> F:
-        out = fold()
-        for part in results():
+        out, parts = fold(), results()
+        for k, part in enumerate(parts):
             out = out.merge(part)
+            parts[k] = None  # its memory freed as it is merged (a step of many ranks is large)
         return out
 
     return merged

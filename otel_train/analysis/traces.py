@@ -441,9 +441,12 @@ def start_reading_traces(run_dir: Path, run_id: str | None = None,
     results = start_chunks(read_trace_files, files, run_id, workers=workers)
 
     def digest() -> TraceDigest:
-        merged, *rest = results()
-        for part in rest:
-            merged.merge(part)
+        parts: list[TraceDigest | None] = list(results())
+        merged = parts[0]
+        assert merged is not None
+        for k in range(1, len(parts)):
+            merged.merge(parts[k])  # type: ignore[arg-type]
+            parts[k] = None  # freed once merged: the workers' digests are large
         merged.files = files
         return merged
 

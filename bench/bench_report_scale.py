@@ -1,0 +1,187 @@
+"""Benchmark: ``otel-train report`` and ``otel-train check`` on runs of many ranks (issue 52,
+item 6: a 16,384-rank run read in under 60 s and 2 GB).
+
+The runs are replicas of one real run directory (a demo's), made by
+``tests/support/replicate.py``: rank ``r`` is a copy of the real rank ``r % world``, with its
+own rank, run id and span ids (written once under ``--data``, reused when there). Each
+command runs as a user runs it, in a fresh process (``python -m otel_train.cli CMD RUN
+--json``, stdout discarded): its wall time, and its peak memory: the RSS of the command's
+process and its worker processes together, sampled every 50 ms from /proc (what the machine
+must hold at once), beside the peaks getrusage gives of the process and of its largest
+worker. Writes a Markdown record (and its numbers as JSON) and exits 1 when a target is
+missed at the largest run.
+
+    .venv/bin/python bench/bench_report_scale.py --real RUN_DIR --ranks 1024 4096 16384 \\
+        --out bench/results/report-16384-ranks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
+
+from bench_report import machine, mean_ci95, versions  # noqa: E402
+from support.replicate import replicate  # noqa: E402
+
+from otel_train import semconv  # noqa: E402
+from otel_train.analysis import typed  # noqa: E402
+from otel_train.analysis.otlp import signal_files  # noqa: E402
+from otel_train.analysis.parallel import worker_count  # noqa: E402
+
+TARGET_S, TARGET_MB = 60.0, 2048.0
+
+def _tree_memory_mb(pid: int) -> tuple[float, float]:
+    """The RSS and the PSS of ``pid`` and every process under it, summed, MB (0 for those
+    gone). RSS counts a page every process maps once in each: the workers are forked, and
+    share the parent's pages until either writes them; PSS splits a shared page between the
+    processes sharing it, so its sum is what they hold of the machine's memory together."""
+    rss = pss = 0.0
+    todo = [pid]
+    while todo:
+        at = todo.pop()
+        try:
+            with open(f"/proc/{at}/smaps_rollup") as rollup:
+                for text in rollup:
+                    if text.startswith("Rss:"):
+                        rss += int(text.split()[1]) / 1024
+                    elif text.startswith("Pss:"):
+                        pss += int(text.split()[1]) / 1024
+            for task in os.listdir(f"/proc/{at}/task"):
+                with open(f"/proc/{at}/task/{task}/children") as children:
+                    todo += [int(c) for c in children.read().split()]
+        except (OSError, ValueError):
+            continue
+    return rss, pss
+
+
+def run_once(command: str, run_dir: Path) -> dict[str, float]:
+    """One fresh ``otel-train COMMAND RUN --json``: wall s, peak MB of its process tree."""
+    argv = [sys.executable, "-m", "otel_train.cli", command, str(run_dir), "--json"]
+    t0 = time.perf_counter()
+    err_file = tempfile.TemporaryFile()  # a pipe unread while it runs could fill and stall it
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, cwd=REPO)
+    peak = peak_pss = 0.0
+    while True:  # wait4: the child's rusage (ru_maxrss: its largest process's peak)
+        pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+        if pid:
+            break
+        rss, pss = _tree_memory_mb(child.pid)
+        peak, peak_pss = max(peak, rss), max(peak_pss, pss)
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
+    err_file.seek(0)
+    err = err_file.read().decode(errors="replace")
+    err_file.close()
+    return {"s": wall, "rc": os.waitstatus_to_exitcode(status), "tree_mb": peak,
+            "tree_pss_mb": peak_pss,
+            "max_child_mb": usage.ru_maxrss / 1024, "err": err[-1000:]}
+
+
+def ensure_run(real: Path, root: Path, ranks: int) -> tuple[Path, float]:
+    run_dir = root / f"replica-{ranks}"
+    if (run_dir / "run.json").exists():
+        return run_dir, 0.0
+    t0 = time.perf_counter()
+    replicate(real, root, ranks, run_dir.name)
+    return run_dir, time.perf_counter() - t0
+
+
+def size_mb(run_dir: Path, glob: str = "*.jsonl") -> float:
+    return sum(p.stat().st_size for p in run_dir.glob(glob)) / 1e6
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--real", type=Path, required=True, help="the run directory copied")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="runs of each command at the largest size (1 at the others)")
+    parser.add_argument("--data", type=Path, default=Path("/tmp/otel-train-bench-scale"))
+    parser.add_argument("--out", type=Path, help="Markdown file to write (and .json beside)")
+    parser.add_argument("--note", default="", help="a line to add under the table")
+    args = parser.parse_args()
+    ranks = sorted(args.ranks)
+    lines = [
+        f"# report/check at scale: {', '.join(f'{n:,}' for n in ranks)} ranks",
+        "", f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"- machine: {machine()}; load average before: {os.getloadavg()[0]:.2f} "
+        "(a shared development machine)",
+        f"- versions: {versions()}, msgspec "
+        f"{__import__('msgspec').__version__ if typed.enabled() else 'not used'}",
+        f"- runs: replicas of `{args.real.name}` ({len(signal_files(args.real, semconv.TRACES_GLOB))}"
+        " ranks) by tests/support/replicate.py",
+        "- each command in a fresh process as a user runs it (`python -m otel_train.cli CMD RUN "
+        "--json`, imports included); peak RSS and PSS are of the command's process and its "
+        "worker processes together, sampled every 50 ms from /proc (the workers are forked: "
+        "RSS counts the pages they share with the parent in each, PSS once); largest MB is "
+        "getrusage's peak of the largest single process", "",
+        "| ranks | traces MB | all files MB | workers | command | runs | median s | "
+        "min – max s | 95% CI of the mean s | peak RSS MB (all processes) | "
+        "peak PSS MB (all processes) | largest process MB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    record: dict[str, object] = {"date": lines[2][8:], "machine": machine(),
+                                 "versions": versions(), "real": str(args.real), "sizes": []}
+    missed = []
+    for n in ranks:
+        run_dir, made_s = ensure_run(args.real, args.data, n)
+        repeat = args.repeat if n == ranks[-1] else 1
+        workers = worker_count(signal_files(run_dir, semconv.TRACES_GLOB))
+        for command in ("report", "check"):
+            runs = [run_once(command, run_dir) for _ in range(repeat)]
+            bad = [r for r in runs if r["rc"] not in (0, 1)]
+            if bad:
+                print(bad[0]["err"], file=sys.stderr)
+                return 2
+            secs = sorted(r["s"] for r in runs)
+            peak = max(r["tree_mb"] for r in runs)
+            peak_pss = max(r["tree_pss_mb"] for r in runs)
+            largest = max(r["max_child_mb"] for r in runs)
+            low, high = mean_ci95(secs)
+            lines.append(
+                f"| {n:,} | {size_mb(run_dir, 'traces*.jsonl'):,.0f} | {size_mb(run_dir):,.0f} | "
+                f"{workers} | `{command}` | {len(runs)} | {statistics.median(secs):.1f} | "
+                f"{secs[0]:.1f} – {secs[-1]:.1f} | {low:.1f} – {high:.1f} | {peak:,.0f} | "
+                f"{peak_pss:,.0f} | {largest:,.0f} |")
+            record["sizes"].append({"ranks": n, "command": command, "seconds": secs,  # type: ignore[union-attr]
+                                    "peak_rss_mb": peak, "peak_pss_mb": peak_pss,
+                                    "largest_process_mb": largest,
+                                    "workers": workers, "traces_mb": size_mb(run_dir, "traces*.jsonl"),
+                                    "files_mb": size_mb(run_dir), "made_s": made_s})
+            print(lines[-1], flush=True)
+            if n == ranks[-1]:
+                median = statistics.median(secs)
+                if median > TARGET_S:
+                    missed.append(f"{command} {median:.1f} s")
+                if peak > TARGET_MB:
+                    missed.append(f"{command} {peak:,.0f} MB")
+    lines += ["", f"- load average after: {os.getloadavg()[0]:.2f}"]
+    if args.note:
+        lines += ["", args.note]
+    lines += ["", f"target at {ranks[-1]:,} ranks: each command <= {TARGET_S:g} s (median) and "
+              f"<= {TARGET_MB:g} MB (all processes); verdict: "
+              f"{'missed: ' + '; '.join(missed) if missed else 'met'}"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+        record["verdict"] = "missed: " + "; ".join(missed) if missed else "met"
+        args.out.with_suffix(".json").write_text(json.dumps(record, indent=2) + "\n",
+                                                 encoding="utf-8")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
