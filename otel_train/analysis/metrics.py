@@ -34,8 +34,13 @@ class MetricsDigest:
     histogram_points: int = 0
     points_without_rank: dict[str, int] = field(default_factory=dict)
     _bounds: dict[tuple[float, ...], list[float]] = field(default_factory=dict, repr=False)
+    #: name -> its series' points in ``last``'s order, made once read (:meth:`series`): the
+    #: report asks for a dozen names, and a run of 16,384 ranks has ~600,000 series
+    _by_name: dict[str, list[MetricPoint]] | None = field(default=None, repr=False,
+                                                          compare=False)
 
     def add(self, point: MetricPoint) -> None:
+        self._by_name = None
         labels = tuple(sorted((k, str(v)) for k, v in point.attributes.items()
                               if k not in (sc.ATTR_RANK, sc.ATTR_RUN_ID)))
         # cumulative points of one process share their start; a gauge's is no series' start
@@ -62,7 +67,11 @@ class MetricsDigest:
             point.bounds = self._bounds.setdefault(tuple(point.bounds), point.bounds)
 
     def series(self, name: str) -> list[MetricPoint]:
-        return [p for (n, _, _, _), p in self.last.items() if n == name]
+        if self._by_name is None:
+            self._by_name = {}
+            for (n, _, _, _), point in self.last.items():
+                self._by_name.setdefault(n, []).append(point)
+        return list(self._by_name.get(name, ()))
 
     def per_rank_total(self, name: str) -> dict[int, float]:
         """Sum over label sets of the final value (or histogram sum) of ``name`` per rank."""

@@ -340,9 +340,14 @@ class TraceDigest:
         """One raw span of ``PASS_ONE_SPANS`` (:func:`~otel_train.analysis.otlp.
         iter_span_batches`; :func:`read_trace_files` leaves the others out): only the
         attributes read are decoded."""
-        name = raw.get("name")
-        start_ns = int(raw.get("startTimeUnixNano", 0))
-        end_ns = int(raw.get("endTimeUnixNano", 0))
+        if raw.__class__ is TypedSpan:  # its fields read directly (get is a Python call)
+            name, start, end = raw.name, raw.startTimeUnixNano, raw.endTimeUnixNano
+            start_ns = int(0 if start is UNSET else start)
+            end_ns = int(0 if end is UNSET else end)
+        else:
+            name = raw.get("name")
+            start_ns = int(raw.get("startTimeUnixNano", 0))
+            end_ns = int(raw.get("endTimeUnixNano", 0))
         if name == sc.SPAN_RANK_STEP:
             self._add_rank_step(raw, resource, (end_ns - start_ns) / 1e9)
             rank, step = self.table.ranks[-1], self.table.steps[-1]
