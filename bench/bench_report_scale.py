@@ -89,7 +89,7 @@ def run_once(command: str, run_dir: Path, code: Path = REPO) -> dict[str, Any]:
     err = err_file.read().decode(errors="replace")
     err_file.close()
     return {"s": wall, "rc": os.waitstatus_to_exitcode(status), "tree_mb": peak,
-            "tree_pss_mb": peak_pss,
+            "tree_pss_mb": peak_pss, "cpu_s": usage.ru_utime + usage.ru_stime,
             "max_child_mb": usage.ru_maxrss / 1024, "err": err[-1000:]}
 
 
@@ -112,20 +112,22 @@ def _row(n: int, run_dir: Path, workers: int, command: str, runs: list[dict[str,
     peak = max(r["tree_mb"] for r in runs)
     peak_pss = max(r["tree_pss_mb"] for r in runs)
     largest = max(r["max_child_mb"] for r in runs)
+    cpu = statistics.median(r["cpu_s"] for r in runs)
     low, high = mean_ci95(secs)
     traces_mb, files_mb = size_mb(run_dir, "traces*.jsonl"), size_mb(run_dir)
     row = (f"| {n:,} | {traces_mb:,.0f} | {files_mb:,.0f} | {workers} | `{command}` | "
            f"{len(runs)} | {statistics.median(secs):.1f} | {secs[0]:.1f} – {secs[-1]:.1f} | "
-           f"{low:.1f} – {high:.1f} | {peak:,.0f} | {peak_pss:,.0f} | {largest:,.0f} |")
+           f"{low:.1f} – {high:.1f} | {cpu:.1f} | {peak:,.0f} | {peak_pss:,.0f} | {largest:,.0f} |")
     return row, {"ranks": n, "command": command, "seconds": secs, "peak_rss_mb": peak,
                  "peak_pss_mb": peak_pss, "largest_process_mb": largest, "workers": workers,
+                 "cpu_s": [r["cpu_s"] for r in runs],
                  "traces_mb": traces_mb, "files_mb": files_mb}
 
 
 HEAD = ("| ranks | traces MB | all files MB | workers | command | runs | median s | "
-        "min – max s | 95% CI of the mean s | peak RSS MB (all processes) | "
+        "min – max s | 95% CI of the mean s | CPU s (median) | peak RSS MB (all processes) | "
         "peak PSS MB (all processes) | largest process MB |\n"
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 
 
 def main() -> int:
@@ -193,7 +195,9 @@ def main() -> int:
         "--json`, stdout discarded, imports included); peak RSS and PSS are of the command's "
         "process and its worker processes together, sampled every 50 ms from /proc (the "
         "workers are forked: RSS counts the pages they share with the parent in each, PSS "
-        "once); largest process MB is getrusage's peak of the largest single process", "",
+        "once); largest process MB is getrusage's peak of the largest single process; CPU s "
+        "is the user and system time of the command and its workers (less moved by the "
+        "other work on the machine than the wall time)", "",
         HEAD, *rows]
     if args.before:
         before = json.loads(args.before.read_text())
@@ -202,7 +206,8 @@ def main() -> int:
         lines += [f"| {r['ranks']:,} | {r['traces_mb']:,.0f} | {r['files_mb']:,.0f} | "
                   f"{r['workers']} | `{r['command']}` | {len(r['seconds'])} | "
                   f"{statistics.median(r['seconds']):.1f} | {min(r['seconds']):.1f} – "
-                  f"{max(r['seconds']):.1f} | – | {r['peak_rss_mb']:,.0f} | "
+                  f"{max(r['seconds']):.1f} | – | {statistics.median(r['cpu_s']):.1f} | "
+                  f"{r['peak_rss_mb']:,.0f} | "
                   f"{r['peak_pss_mb']:,.0f} | {r['largest_process_mb']:,.0f} |"
                   for r in before["sizes"]]
     lines += ["", f"Targets at {ranks[-1]:,} ranks: each command's median <= {TARGET_S:g} s "
