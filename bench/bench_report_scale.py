@@ -5,11 +5,11 @@ The runs are replicas of one real run directory (a demo's), made by
 ``tests/support/replicate.py``: rank ``r`` is a copy of the real rank ``r % world``, with its
 own rank, run id and span ids (written once under ``--data``, reused when there). Each
 command runs as a user runs it, in a fresh process (``python -m otel_train.cli CMD RUN
---json``, stdout discarded): its wall time, and its peak memory: the RSS of the command's
-process and its worker processes together, sampled every 50 ms from /proc (what the machine
-must hold at once), beside the peaks getrusage gives of the process and of its largest
-worker. Writes a Markdown record (and its numbers as JSON) and exits 1 when a target is
-missed at the largest run.
+--json``, stdout discarded): its wall time and CPU time, and its peak memory: the RSS and
+the PSS of the command's process and its worker processes together, sampled from /proc (RSS
+every 50 ms, PSS every second), beside getrusage's peak of its largest process. Writes a
+Markdown record (and its numbers as JSON) and exits 1 when a target is missed at the
+largest run.
 
     .venv/bin/python bench/bench_report_scale.py --real RUN_DIR --ranks 1024 4096 --repeat 1 \\
         --code OLD_CHECKOUT --out /tmp/before.md     # the numbers before a change
@@ -45,28 +45,34 @@ from otel_train.analysis.parallel import worker_count  # noqa: E402
 
 TARGET_S, TARGET_MB = 60.0, 2048.0
 
-def _tree_memory_mb(pid: int) -> tuple[float, float]:
-    """The RSS and the PSS of ``pid`` and every process under it, summed, MB (0 for those
-    gone). RSS counts a page every process maps once in each: the workers are forked, and
-    share the parent's pages until either writes them; PSS splits a shared page between the
-    processes sharing it, so its sum is what they hold of the machine's memory together."""
-    rss = pss = 0.0
-    todo = [pid]
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process under it."""
+    found, todo = [], [pid]
     while todo:
         at = todo.pop()
+        found.append(at)
         try:
-            with open(f"/proc/{at}/smaps_rollup") as rollup:
-                for text in rollup:
-                    if text.startswith("Rss:"):
-                        rss += int(text.split()[1]) / 1024
-                    elif text.startswith("Pss:"):
-                        pss += int(text.split()[1]) / 1024
             for task in os.listdir(f"/proc/{at}/task"):
                 with open(f"/proc/{at}/task/{task}/children") as children:
                     todo += [int(c) for c in children.read().split()]
         except (OSError, ValueError):
             continue
-    return rss, pss
+    return found
+
+
+def _sum_kb(pids: list[int], file: str, key: str) -> float:
+    """The sum of ``key``'s kB in /proc/PID/``file`` over ``pids``, MB (0 for those gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/{file}") as lines:
+                for text in lines:
+                    if text.startswith(key):
+                        total += int(text.split()[1]) / 1024
+                        break
+        except (OSError, ValueError):
+            continue
+    return total
 
 
 def run_once(command: str, run_dir: Path, code: Path = REPO) -> dict[str, Any]:
@@ -77,12 +83,18 @@ def run_once(command: str, run_dir: Path, code: Path = REPO) -> dict[str, Any]:
     err_file = tempfile.TemporaryFile()  # a pipe unread while it runs could fill and stall it
     child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err_file, cwd=code)
     peak = peak_pss = 0.0
+    tick = 0
     while True:  # wait4: the child's rusage (ru_maxrss: its largest process's peak)
         pid, status, usage = os.wait4(child.pid, os.WNOHANG)
         if pid:
             break
-        rss, pss = _tree_memory_mb(child.pid)
-        peak, peak_pss = max(peak, rss), max(peak_pss, pss)
+        pids = _tree(child.pid)
+        # RSS (/proc/PID/status: cheap) every 50 ms; PSS every second: smaps_rollup walks
+        # the page tables, which for GBs took the measured command a fifth of a core
+        peak = max(peak, _sum_kb(pids, "status", "VmRSS:"))
+        if tick % 20 == 0:
+            peak_pss = max(peak_pss, _sum_kb(pids, "smaps_rollup", "Pss:"))
+        tick += 1
         time.sleep(0.05)
     wall = time.perf_counter() - t0
     err_file.seek(0)
@@ -193,7 +205,8 @@ def main() -> int:
         "tests/support/replicate.py",
         "- each command in a fresh process as a user runs it (`python -m otel_train.cli CMD RUN "
         "--json`, stdout discarded, imports included); peak RSS and PSS are of the command's "
-        "process and its worker processes together, sampled every 50 ms from /proc (the "
+        "process and its worker processes together, sampled from /proc (RSS every 50 ms, PSS "
+        "every second: reading it costs more) (the "
         "workers are forked: RSS counts the pages they share with the parent in each, PSS "
         "once); largest process MB is getrusage's peak of the largest single process; CPU s "
         "is the user and system time of the command and its workers (less moved by the "
