@@ -18,6 +18,11 @@ from otel_train.analysis.otlp import Damage, MetricPoint, iter_metric_points, si
 SeriesKey = tuple[str, int | None, tuple[tuple[str, str], ...], int]
 
 
+#: what a kept point holds of its exemplars and bucket counts: nothing, one list for all
+#: (never written to)
+_NONE_KEPT: list = []
+
+
 @dataclass(frozen=True)
 class Exemplar:
     metric: str
@@ -34,10 +39,19 @@ class MetricsDigest:
     histogram_points: int = 0
     points_without_rank: dict[str, int] = field(default_factory=dict)
     _bounds: dict[tuple[float, ...], list[float]] = field(default_factory=dict, repr=False)
+    _labels: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = field(
+        default_factory=dict, repr=False)
+    #: name -> its series' points in ``last``'s order, made once read (:meth:`series`): the
+    #: report asks for a dozen names, and a run of 16,384 ranks has ~600,000 series
+    _by_name: dict[str, list[MetricPoint]] | None = field(default=None, repr=False,
+                                                          compare=False)
 
     def add(self, point: MetricPoint) -> None:
+        self._by_name = None
+        point.name = sys.intern(point.name)  # one string for every rank's series of it
         labels = tuple(sorted((k, str(v)) for k, v in point.attributes.items()
                               if k not in (sc.ATTR_RANK, sc.ATTR_RUN_ID)))
+        labels = self._labels.setdefault(labels, labels)  # one tuple for every rank's
         # cumulative points of one process share their start; a gauge's is no series' start
         key = (point.name, point.rank, labels, 0 if point.kind == "gauge" else point.start_ns)
         known = self.last.get(key)
@@ -54,15 +68,20 @@ class MetricsDigest:
         # what is kept of a point is its series' last value: its exemplars are taken above,
         # and its names are one string each however many ranks repeat them (a digest of
         # 16,384 ranks holds a few hundred thousand series)
-        point.exemplars = []
-        point.name, point.unit = sys.intern(point.name), sys.intern(point.unit)
+        # nor are its bucket counts read by any reader of the digest (its count and sum are)
+        point.exemplars = point.bucket_counts = _NONE_KEPT
+        point.unit = sys.intern(point.unit)
         point.attributes = {sys.intern(k): sys.intern(v) if type(v) is str else v
                             for k, v in point.attributes.items()}
         if point.bounds:  # a histogram's bounds are its metric's, one list for all its series
             point.bounds = self._bounds.setdefault(tuple(point.bounds), point.bounds)
 
     def series(self, name: str) -> list[MetricPoint]:
-        return [p for (n, _, _, _), p in self.last.items() if n == name]
+        if self._by_name is None:
+            self._by_name = {}
+            for (n, _, _, _), point in self.last.items():
+                self._by_name.setdefault(n, []).append(point)
+        return list(self._by_name.get(name, ()))
 
     def per_rank_total(self, name: str) -> dict[int, float]:
         """Sum over label sets of the final value (or histogram sum) of ``name`` per rank."""

@@ -21,10 +21,10 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, BinaryIO, Protocol, TypeVar
 
 from otel_train import semconv
-from otel_train.analysis import legacy
+from otel_train.analysis import legacy, typed
 from otel_train.analysis.parallel import start_chunks
 
 T = TypeVar("T")
@@ -51,7 +51,24 @@ def decode_value(value: dict[str, Any]) -> Any:
 
 
 def decode_attributes(attributes: Iterable[dict[str, Any]] | None) -> dict[str, Any]:
-    return {a["key"]: decode_value(a.get("value", {})) for a in attributes or ()}
+    """``{a["key"]: decode_value(a.get("value", {})) for a in attributes}``: a value of one
+    string, integer or double (nearly every attribute) decoded here, without the call."""
+    out = {}
+    for a in attributes or ():
+        key = a["key"]
+        value = a.get("value", {})
+        if value.__class__ is dict and len(value) == 1:
+            if "stringValue" in value:
+                out[key] = value["stringValue"]
+                continue
+            if "intValue" in value:
+                out[key] = int(value["intValue"])
+                continue
+            if "doubleValue" in value:
+                out[key] = float(value["doubleValue"])
+                continue
+        out[key] = decode_value(value)
+    return out
 
 
 RawAttributes = dict[str, dict[str, Any]]
@@ -241,24 +258,52 @@ def line_number(path: Path, offset: int) -> int:
 
 
 def _lines(path: Path, decode: Callable[[dict[str, Any]], list[T]], damage: Damage | None,
-           needles: tuple[bytes, ...] | None = None) -> Iterator[tuple[int, int, list[T]]]:
+           needles: tuple[bytes, ...] | None = None,
+           fast: Callable[[bytes], list[T] | None] | None = None
+           ) -> Iterator[tuple[int, int, list[T]]]:
     """(line number, byte offset, items) of each line of ``path`` that holds some: ``decode``
     turns one export request into items (a field of the wrong type raises). A line that is
     not one whole request is damaged: counted in ``damage`` (else warned), the whole
     requests on it kept (a restarted writer appends on the line its killed one tore).
-    ``needles``: lines holding none of these bytes are not parsed."""
+    ``needles``: lines holding none of these bytes are not parsed. ``fast``: the items of a
+    line (upgraded: legacy.py) decoded another way (typed.py), the same as ``decode``'s,
+    or None where that way cannot read it whole: then json and ``decode`` read it."""
     found = FileDamage(path)
     offset = 0
-    with open(path, "rb") as lines:
-        for number, line in enumerate(lines, 1):
+    with open(path, "rb") as handle:
+        for number, line in enumerate(file_lines(handle), 1):
             at = offset
             offset += len(line)
             if needles is not None and not any(needle in line for needle in needles):
                 continue
-            items = _line_items(line, number, decode, found)
+            items = None if fast is None else fast(legacy.upgrade(line))
+            if items is None:
+                items = _line_items(line, number, decode, found)
             if items:
                 yield number, at, items
     _settle(found, damage)
+
+
+def file_lines(handle: BinaryIO, block: int = 1 << 20) -> Iterator[bytes]:
+    """The lines of a binary file, as iterating over it gives them (each with its newline,
+    the last as it ends), read a block at a time: a file object reads a long line (an export
+    request is often megabytes) in small pieces it joins, some ten times as slow."""
+    pieces: list[bytes] = []
+    while chunk := handle.read(block):
+        start, end = 0, chunk.find(b"\n")
+        while end >= 0:
+            if pieces:  # a line begun in an earlier block
+                pieces.append(chunk[start:end + 1])
+                yield b"".join(pieces)
+                pieces = []
+            else:
+                yield chunk[start:end + 1]
+            start = end + 1
+            end = chunk.find(b"\n", start)
+        if start < len(chunk):
+            pieces.append(chunk[start:])
+    if pieces:
+        yield b"".join(pieces)
 
 
 def _line_items(line: bytes, number: int, decode: Callable[[dict[str, Any]], list[T]],
@@ -346,9 +391,25 @@ def _resources(request: dict[str, Any], key: str, run_id: str | None
                ) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
     """(decoded resource attributes, raw entry) of one request, only run ``run_id``'s."""
     for entry in request.get(key, ()):
-        resource = decode_attributes(entry.get("resource", {}).get("attributes"))
-        if run_id is None or str(resource.get(semconv.RES_RUN_ID, run_id)) == run_id:
+        resource = _run_resource(entry.get("resource", {}), run_id)
+        if resource is not None:
             yield resource, entry
+
+
+def _run_resource(resource: Any, run_id: str | None) -> dict[str, Any] | None:
+    """The decoded attributes of a raw ``resource``; None where it is not run ``run_id``'s."""
+    attributes = decode_attributes(resource.get("attributes"))
+    if run_id is None or str(attributes.get(semconv.RES_RUN_ID, run_id)) == run_id:
+        return attributes
+    return None
+
+
+def _typed_batches(run_id: str | None) -> Callable[[bytes], list[typed.Batch] | None] | None:
+    """The fast decoding of a traces line into span batches (typed.py), None where it is
+    off: the ``fast`` of :func:`_lines`."""
+    if not typed.enabled():
+        return None
+    return lambda line: typed.span_batches(line, run_id, lambda r: _run_resource(r, run_id))
 
 
 @dataclass(slots=True)
@@ -391,15 +452,19 @@ def iter_spans(paths: Iterable[Path], names: frozenset[str] | None = None,
 
 
 def iter_span_batches(path: Path, run_id: str | None = None, damage: Damage | None = None
-                      ) -> Iterator[tuple[int, dict[str, Any], list[dict[str, Any]]]]:
+                      ) -> Iterator[tuple[int, dict[str, Any], list[Any]]]:
     """(byte offset of its line, decoded resource attributes, raw spans as in the file) of
     every scope's spans in one file, run ``run_id``'s: for the passes over every span,
     which build no :class:`Span` and decode only what they read (a loop over a batch costs
     far less per span than a generator yielding each); the offsets let a later pass read a
-    trace's lines only (:func:`spans_at`). Damaged lines are counted in ``damage`` (else
-    warned); a wrongly typed field of a span is the caller's to find
+    trace's lines only (:func:`spans_at`). A raw span is the dict json makes of it, or,
+    where msgspec read its line, a :class:`~otel_train.analysis.typed.TypedSpan` read the
+    same way (``span.get("name")``, ``span["attributes"]``: the same values), whose
+    attributes are decoded only when asked for. Damaged lines are counted in ``damage``
+    (else warned); a wrongly typed field of a span is the caller's to find
     (:func:`skip_damaged`)."""
-    for _, at, batches in _lines(path, lambda request: _span_batches(request, run_id), damage):
+    for _, at, batches in _lines(path, lambda request: _span_batches(request, run_id), damage,
+                                 fast=_typed_batches(run_id)):
         for resource, spans in batches:
             yield at, resource, spans
 
@@ -466,9 +531,10 @@ def start_fold_at(paths: list[Path], index: LineIndex, trace_ids: set[str],
                            workers=workers)
 
     def merged() -> F:
-        out = fold()
-        for part in results():
+        out, parts = fold(), results()
+        for k, part in enumerate(parts):
             out = out.merge(part)
+            parts[k] = None  # its memory freed as it is merged (a step of many ranks is large)
         return out
 
     return merged
@@ -507,16 +573,25 @@ def fold_in_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
 def _span_lines(files: list[tuple[int, Path]], offsets: list[list[int]],
                 trace_ids: set[str], run_id: str | None) -> Iterator[list[Span]]:
     """The spans of ``trace_ids``, a line's at a time (a damaged line's none)."""
+    fast = _typed_batches(run_id)
+    # a TypedSpan's absent trace id is UNSET, where json's dict says "" (get's default)
+    typed_ids = trace_ids | {typed.UNSET} if "" in trace_ids else trace_ids
     for k, path in files:
         wrong = FileDamage(path)
         with open(path, "rb") as handle:
             for offset in offsets[k]:
                 handle.seek(offset)
-                requests = _line_items(handle.readline(), 0, _whole, FileDamage(path))
+                text = next(file_lines(handle, 1 << 16), b"")  # readline: as slow as above
+                batches = None if fast is None else fast(legacy.upgrade(text))
                 try:
-                    line = [_span(raw, resource) for request in requests
-                            for raw, resource in _raw_spans(request, run_id)
-                            if raw.get("traceId", "") in trace_ids]
+                    if batches is None:  # json's dicts, where msgspec did not read it
+                        line = [_span(raw, resource) for request in
+                                _line_items(text, 0, _whole, FileDamage(path))
+                                for raw, resource in _raw_spans(request, run_id)
+                                if raw.get("traceId", "") in trace_ids]
+                    else:
+                        line = [_typed_span(raw, resource) for resource, spans in batches
+                                for raw in spans if raw.traceId in typed_ids]
                 except DAMAGE_ERRORS as err:
                     wrong.add(line_number(path, offset), wrong_type(err))
                     continue
@@ -535,6 +610,8 @@ _TYPED_ATTRIBUTES = {semconv.ATTR_RANK: int, semconv.ATTR_STEP: int,
 
 
 def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
+    if raw.__class__ is typed.TypedSpan:
+        return _typed_span(raw, resource)
     attributes = decode_attributes(raw.get("attributes"))
     for key, kind in _TYPED_ATTRIBUTES.items():
         if key in attributes:
@@ -549,6 +626,31 @@ def _span(raw: dict[str, Any], resource: dict[str, Any]) -> Span:
         attributes=attributes,
         resource=resource,
         links=links_of(raw),
+    )
+
+
+def _typed_span(raw: typed.TypedSpan, resource: dict[str, Any]) -> Span:
+    """:func:`_span` of a span msgspec decoded: the same, its fields read directly (its
+    ``get`` is a Python call, and this runs for every span of the slowest steps)."""
+    attributes = raw.attributes
+    attributes = decode_attributes(typed.decode_raw(attributes) if attributes else None)
+    for key, kind in _TYPED_ATTRIBUTES.items():
+        if key in attributes:
+            attributes[key] = kind(attributes[key])
+    unset = typed.UNSET
+    name, trace_id, span_id, parent_id, start, end = (
+        raw.name, raw.traceId, raw.spanId, raw.parentSpanId, raw.startTimeUnixNano,
+        raw.endTimeUnixNano)
+    return Span(
+        name="" if name is unset else name,
+        trace_id="" if trace_id is unset else trace_id,
+        span_id="" if span_id is unset else span_id,
+        parent_id="" if parent_id is unset else parent_id,
+        start_ns=0 if start is unset else int(start),
+        end_ns=0 if end is unset else int(end),
+        attributes=attributes,
+        resource=resource,
+        links=links_of(raw) if raw.links else [],
     )
 
 

@@ -83,7 +83,9 @@ def start_chunks(function: Callable[..., T], paths: Sequence[Path], *args: Any,
 
     def results() -> list[T]:
         with pool:
-            return [future.result() for future in futures]
+            out = [future.result() for future in futures]
+        futures.clear()  # a future holds its result: the caller frees each once merged
+        return out
 
     return results
 

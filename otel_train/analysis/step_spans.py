@@ -7,7 +7,8 @@ is a few numbers per (step, rank, phase) and a tuple per bar, never a span objec
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from array import array
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,17 @@ SPAN_PHASE[sc.SPAN_COMPILE] = sc.PHASE_COMPILE
 BarTuple = tuple[int, str, str, int, int]
 
 
+def _extend(column: array | list[int], values: Iterable[int]) -> array | list[int]:
+    """``column`` with ``values`` appended: an array of int64 while they fit (epoch ns
+    do), else a list (a damaged span's number, which a list holds whatever its size)."""
+    held = len(column)
+    try:
+        column.extend(values)
+        return column
+    except OverflowError:  # an array extends item by item: what it took before is dropped
+        return [*column[:held], *values]
+
+
 @dataclass
 class OneStep:
     """What the report uses of one step's spans."""
@@ -32,7 +44,32 @@ class OneStep:
     starts: dict[str, dict[int, int]] = field(default_factory=dict)
     #: rank -> seconds in the step's collectives (GPU time where the span has it)
     collective_s: dict[int, float] = field(default_factory=dict)
-    bars: list[BarTuple] = field(default_factory=list)
+    #: the step's timeline bars column by column (:attr:`bars`): a tuple each held four times
+    #: the memory, and a step of 16,384 ranks has some 200,000 bars
+    bar_ranks: array | list[int] = field(default_factory=lambda: array("q"))
+    bar_kinds: list[str] = field(default_factory=list)  # interned: one string each
+    bar_labels: list[str] = field(default_factory=list)
+    bar_starts: array | list[int] = field(default_factory=lambda: array("q"))
+    bar_ends: array | list[int] = field(default_factory=lambda: array("q"))
+
+    @property
+    def bars(self) -> list[BarTuple]:
+        """The timeline's bars, in the order their spans were read."""
+        return list(zip(self.bar_ranks, self.bar_kinds, self.bar_labels, self.bar_starts,
+                        self.bar_ends, strict=True))
+
+    def add_bar(self, rank: int, kind: str, label: str, start: int, end: int) -> None:
+        held = len(self.bar_kinds)
+        try:
+            self.bar_ranks.append(rank)
+            self.bar_starts.append(start)
+            self.bar_ends.append(end)
+        except OverflowError:  # lists from here on (see _extend)
+            self.bar_ranks, self.bar_starts, self.bar_ends = (
+                [*column[:held], value] for column, value in
+                ((self.bar_ranks, rank), (self.bar_starts, start), (self.bar_ends, end)))
+        self.bar_kinds.append(kind)
+        self.bar_labels.append(label)
 
     def phase_starts(self, phase: str) -> dict[int, int]:
         return self.starts.get(sc.PHASE_SPAN.get(phase, ""), {})
@@ -46,7 +83,11 @@ class OneStep:
                 mine[rank] = min(mine.get(rank, start), start)
         for rank, seconds in other.collective_s.items():
             self.collective_s[rank] = self.collective_s.get(rank, 0.0) + seconds
-        self.bars += other.bars
+        self.bar_ranks = _extend(self.bar_ranks, other.bar_ranks)
+        self.bar_kinds += other.bar_kinds
+        self.bar_labels += other.bar_labels
+        self.bar_starts = _extend(self.bar_starts, other.bar_starts)
+        self.bar_ends = _extend(self.bar_ends, other.bar_ends)
         return self
 
 
@@ -80,7 +121,7 @@ class StepSpans:
             ranks = one.starts.setdefault(name, {})
             ranks[rank] = min(ranks.get(rank, span.start_ns), span.start_ns)
         label = sys.intern(str(span.attributes.get(sc.ATTR_COLLECTIVE_OP, name)))
-        one.bars.append((rank, kind, label, span.start_ns, span.end_ns))
+        one.add_bar(rank, kind, label, span.start_ns, span.end_ns)
 
     def merge(self, other: StepSpans) -> StepSpans:
         for step, one in other.steps.items():

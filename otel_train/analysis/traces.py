@@ -35,6 +35,7 @@ from otel_train.analysis.otlp import (
     start_spans_at,
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
+from otel_train.analysis.typed import UNSET, TypedSpan
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases): its
 #: parts device_wait, host_busy and not_explained, added
@@ -373,9 +374,14 @@ class TraceDigest:
         """One raw span of ``PASS_ONE_SPANS`` (:func:`~otel_train.analysis.otlp.
         iter_span_batches`; :func:`read_trace_files` leaves the others out): only the
         attributes read are decoded."""
-        name = raw.get("name")
-        start_ns = int(raw.get("startTimeUnixNano", 0))
-        end_ns = int(raw.get("endTimeUnixNano", 0))
+        if raw.__class__ is TypedSpan:  # its fields read directly (get is a Python call)
+            name, start, end = raw.name, raw.startTimeUnixNano, raw.endTimeUnixNano
+            start_ns = int(0 if start is UNSET else start)
+            end_ns = int(0 if end is UNSET else end)
+        else:
+            name = raw.get("name")
+            start_ns = int(raw.get("startTimeUnixNano", 0))
+            end_ns = int(raw.get("endTimeUnixNano", 0))
         if name == sc.SPAN_RANK_STEP:
             self._add_rank_step(raw, resource, (end_ns - start_ns) / 1e9)
             rank, step = self.table.ranks[-1], self.table.steps[-1]
@@ -474,9 +480,12 @@ def start_reading_traces(run_dir: Path, run_id: str | None = None,
     results = start_chunks(read_trace_files, files, run_id, workers=workers)
 
     def digest() -> TraceDigest:
-        merged, *rest = results()
-        for part in rest:
-            merged.merge(part)
+        parts: list[TraceDigest | None] = list(results())
+        merged = parts[0]
+        assert merged is not None
+        for k in range(1, len(parts)):
+            merged.merge(parts[k])  # type: ignore[arg-type]
+            parts[k] = None  # freed once merged: the workers' digests are large
         merged.files = files
         return merged
 
@@ -492,10 +501,19 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
             for offset, resource, spans in iter_span_batches(path, run_id):
                 part = TraceDigest()  # a field of the wrong type leaves out its line only
                 with skip_damaged(path, offset):
-                    for raw in spans:
-                        if raw.get("name") in PASS_ONE_SPANS:
-                            part.add(raw, resource)
-                    trace_ids = {raw.get("traceId", "") for raw in spans}
+                    if spans and spans[0].__class__ is TypedSpan:  # a line's are all, or none
+                        for raw in spans:  # fields read directly: get is a Python call
+                            if raw.name in PASS_ONE_SPANS:
+                                part.add(raw, resource)
+                        trace_ids = {raw.traceId for raw in spans}
+                        if UNSET in trace_ids:  # no trace id: json's dict says "" (get's)
+                            trace_ids.discard(UNSET)
+                            trace_ids.add("")
+                    else:
+                        for raw in spans:
+                            if raw.get("name") in PASS_ONE_SPANS:
+                                part.add(raw, resource)
+                        trace_ids = {raw.get("traceId", "") for raw in spans}
                     digest.merge(part)
                     for trace_id in trace_ids:
                         where = lines.setdefault(trace_id, [])

@@ -29,7 +29,8 @@ from otel_train.analysis.otlp import (
     signal_files,
     skip_damaged,
 )
-from otel_train.analysis.parallel import Chunk, map_chunks
+from otel_train.analysis.parallel import Chunk, start_chunks
+from otel_train.analysis.typed import TypedSpan, decode_raw
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 #: the span kinds whose ranks and counts are checked per step
@@ -101,15 +102,23 @@ class TraceEvidence:
         key_rank, key_size, key_step, run, rank_step = (
             sc.ATTR_RANK, sc.ATTR_WORLD_SIZE, sc.ATTR_STEP, sc.SPAN_RUN, sc.SPAN_RANK_STEP)
         rows = []
+        fast = bool(spans) and spans[0].__class__ is TypedSpan  # a line's are all, or none
         for raw in spans:
-            attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
+            if fast:  # its fields read directly, its attributes decoded here (typed.py)
+                name, trace_id, span_id, parent_id = raw.ids()
+                encoded = raw.attributes
+                attrs = pick_attributes(decode_raw(encoded) if encoded else None,
+                                        READ_ATTRIBUTES)
+            else:
+                attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
+                name, trace_id, span_id, parent_id = (
+                    raw.get("name", ""), raw.get("traceId", ""), raw.get("spanId", ""),
+                    raw.get("parentSpanId", "") or "")
             rank, size, step = attrs.get(key_rank), attrs.get(key_size), attrs.get(key_step)
-            name = raw.get("name", "")
             if name == run or name == rank_step:
                 self._fate_of(name, raw, resource_rank if rank is None else decode_value(rank),
                               step)
-            rows.append((name, raw.get("traceId", ""), raw.get("spanId", ""),
-                         raw.get("parentSpanId", "") or "",
+            rows.append((name, trace_id, span_id, parent_id,
                          links_of(raw) if name == run else [],
                          resource_rank if rank is None else decode_value(rank),
                          resource_size if size is None else decode_value(size),
@@ -342,15 +351,19 @@ def _gather(run_dir: Path, run_id: str | None, live_exemplars: frozenset[tuple[s
     metrics = read_metrics(run_dir, run_id, damage)
     targets = {(e.trace_id, e.span_id) for e in metrics.exemplars} | live_exemplars
     target_traces = {t for t, _ in targets}
-    traces, *rest = map_chunks(read_trace_files, signal_files(run_dir, sc.TRACES_GLOB),
-                               run_id, targets, target_traces, workers=workers)
+    reading = start_chunks(read_trace_files, signal_files(run_dir, sc.TRACES_GLOB),
+                           run_id, targets, target_traces, workers=workers)
+    logs, log_damage = LogEvidence(), Damage()
+    log_files = signal_files(run_dir, sc.LOGS_GLOB)
+    try:  # the logs read while the workers read the traces
+        for record in iter_log_records(log_files, run_id, log_damage):
+            logs.add(record.trace_id, record.span_id, record.attributes, record.body)
+    finally:
+        traces, *rest = reading()  # never leaves the workers behind
     for part in rest:
         traces.merge(part)
     damage.merge(traces.damage)
-    logs = LogEvidence()
-    log_files = signal_files(run_dir, sc.LOGS_GLOB)
-    for record in iter_log_records(log_files, run_id, damage):
-        logs.add(record.trace_id, record.span_id, record.attributes, record.body)
+    damage.merge(log_damage)  # named after the traces', as when the logs were read last
     world = max(traces.world_size, max(traces.ranks, default=-1) + 1,
                 declared_world_size(run_dir, run_id))
     return RunEvidence(run_dir, metrics, traces, logs, bool(log_files), live_exemplars,
