@@ -15,14 +15,13 @@ torn, not UTF-8, a field of the wrong type, a number it cannot hold) is not deco
 which names what is wrong with it: the damaged lines read as before, word for word.
 
 Without msgspec installed (it is a dependency, but a copy of the package without it still
-works) every line is read with ``json``; ``OTEL_TRAIN_JSON_READER=1`` does the same (to
-compare the two).
+works) every line is read with ``json``; so it is where ``JSON_ONLY`` is set (the tests
+compare the two readers: forked workers inherit it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -119,9 +118,13 @@ else:  # pragma: no cover
         return json.loads(bytes(raw))
 
 
+#: read every line with ``json`` (the tests' switch to compare the readers)
+JSON_ONLY = False
+
+
 def enabled() -> bool:
     """Whether lines are decoded here (msgspec installed, and not turned off)."""
-    return _DECODER is not None and not os.environ.get("OTEL_TRAIN_JSON_READER")
+    return _DECODER is not None and not JSON_ONLY
 
 
 def span_batches(line: bytes, run_id: str | None,

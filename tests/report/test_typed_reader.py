@@ -96,7 +96,7 @@ def test_every_line_reads_the_same_with_either_reader(tmp_path: Path,
         line(SPAN)[:-20] + b"\n",
         line(SPAN)]))
     fast = read(path)
-    monkeypatch.setenv("OTEL_TRAIN_JSON_READER", "1")
+    monkeypatch.setattr(typed, "JSON_ONLY", True)
     assert not typed.enabled()
     assert read(path) == fast
     assert len(fast[0]) == 4  # lines 1, 4, 6 and 10: the others are damaged
@@ -111,6 +111,6 @@ def test_report_and_check_print_the_same_with_the_json_reader(
     """The golden outputs hold for the json reader too (test_report_outputs_unchanged.py
     checks them with msgspec's)."""
     run_dir = CASES[case][0](tmp_path)
-    monkeypatch.setenv("OTEL_TRAIN_JSON_READER", "1")
+    monkeypatch.setattr(typed, "JSON_ONLY", True)
     for file, text in outputs(run_dir, CASES[case][1]).items():
         assert text == (GOLDEN / f"{case}.{file}").read_text(encoding="utf-8"), file
