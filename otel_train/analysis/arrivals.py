@@ -24,7 +24,6 @@ from statistics import median
 from typing import Any
 
 from otel_train import semconv as sc
-from otel_train.analysis.otlp import RawAttributes, attribute
 from otel_train.analysis.report_model import (
     LATE_STEP_SHARE,
     Arrivals,
@@ -62,29 +61,31 @@ class ArrivalRows:
     #: collectives inside summary spans: not comparable
     summarised: int = 0
 
-    def add(self, attrs: RawAttributes, resource: dict[str, Any], op: str,
+    def add(self, values: dict[str, Any], resource: dict[str, Any], op: str,
             start_ns: int, end_ns: int = 0) -> None:
-        """One ``training.collective`` span (``attrs`` hold at least ``ARRIVAL_ATTRIBUTES``)."""
-        count = attribute(attrs, sc.ATTR_COLLECTIVE_COUNT)
+        """One ``training.collective`` span (``values``: its decoded attributes, those of
+        ``ARRIVAL_ATTRIBUTES`` at least)."""
+        get = values.get
+        count = get(sc.ATTR_COLLECTIVE_COUNT)
         if count is not None:
             self.summarised += int(count)
             return
-        seq = attribute(attrs, sc.ATTR_COLLECTIVE_SEQ)
+        seq = get(sc.ATTR_COLLECTIVE_SEQ)
         if seq is None or op in POINT_TO_POINT:
             return
         # a collector's files may hold several runs, whose sequence numbers all start at 1
         key = (f"{resource.get(sc.RES_RUN_ID, '')}/"
-               f"{attribute(attrs, sc.ATTR_COLLECTIVE_SOURCE, '')}/"
-               f"{attribute(attrs, sc.ATTR_COLLECTIVE_GROUP, '')}")
+               f"{get(sc.ATTR_COLLECTIVE_SOURCE, '')}/"
+               f"{get(sc.ATTR_COLLECTIVE_GROUP, '')}")
         self.keys.append(self._id(key))
         self.seqs.append(int(seq))
-        self.ranks.append(int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
-        self.steps.append(int(attribute(attrs, sc.ATTR_STEP, -1)))
+        self.ranks.append(int(get(sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))))
+        self.steps.append(int(get(sc.ATTR_STEP, -1)))
         self.starts.append(start_ns)
         self.ops.append(self._id(op))
-        self.sizes.append(int(attribute(attrs, sc.ATTR_COLLECTIVE_GROUP_SIZE, 0)))
+        self.sizes.append(int(get(sc.ATTR_COLLECTIVE_GROUP_SIZE, 0)))
         self.ends.append(max(end_ns, start_ns))
-        self.gpu_s.append(float(attribute(attrs, sc.ATTR_COLLECTIVE_GPU_DURATION, -1.0)))
+        self.gpu_s.append(float(get(sc.ATTR_COLLECTIVE_GPU_DURATION, -1.0)))
 
     def _id(self, name: str) -> int:
         found = self.ids.get(name)

@@ -28,6 +28,10 @@ from otel_train.analysis.report_model import (
 from otel_train.analysis.step_spans import OneStep, start_step_spans
 from otel_train.analysis.traces import PHASES, StepTable, TraceDigest, start_reading_traces
 
+#: a timeline shows at most this many ranks (the ones that matter, then a spread: a chart
+#: of 16,384 rows says nothing); report_model.StepTimeline.ranks_of counts them all
+TIMELINE_RANKS = 32
+
 
 def build_report(run: Path, top: int = 10, timelines: int = 3,
                  run_id: str | None = None, workers: int | None = None) -> Report:
@@ -63,25 +67,22 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
     slowest = sorted(durations, key=lambda s: durations[s], reverse=True)[:top]
     slowest += sorted(set(warm_durations) - set(slowest))
     step_of = {traces.step_trace[s]: s for s in slowest if s in traces.step_trace}
-    reading_steps = start_step_spans(run_dir, step_of, run_id, traces.files, traces.lines,
-                                     workers)
-    try:  # what needs no span of pass two, while the workers read them
-        lag = st.straggler(table, by_rank, _wait_shares(metrics))
-        rank_rows = st.rank_breakdowns(table, by_rank)
-        over_time = st.over_time(table)
-        matching = arr.match(traces.arrivals)
-        # a step number names one step only within a run: files mixing runs get no verdict
-        # per step (their collectives are still matched within each run)
-        lateness = arr.step_lateness(matching) if len(traces.run_ids) <= 1 else {}
-    finally:
-        spans = reading_steps()
+    # what the blame reads of the slowest steps' spans, noted by pass one as it read them
+    marked = traces.marks.steps(step_of)
+    lag = st.straggler(table, by_rank, _wait_shares(metrics))
+    rank_rows = st.rank_breakdowns(table, by_rank)
+    over_time = st.over_time(table)
+    matching = arr.match(traces.arrivals)
+    # a step number names one step only within a run: files mixing runs get no verdict
+    # per step (their collectives are still matched within each run)
+    lateness = arr.step_lateness(matching) if len(traces.run_ids) <= 1 else {}
     world = traces.world_size or len(by_rank)
     gpu = GpuIntervals(traces.arrivals, matching)
 
     def blamed(steps: set[int], n: int) -> list[SlowStep]:
         return st.slow_steps(table, durations, n,
-                             lambda step, phase: spans.get(step).phase_starts(phase),
-                             lambda step: spans.get(step).collective_s,
+                             lambda step, phase: _one(marked, step).phase_starts(phase),
+                             lambda step: _one(marked, step).collective_s,
             set(range(world)) | set(by_rank),
             late_of_step=arr.late_of_step(lateness, durations), collectives=gpu,
             candidates=steps)
@@ -125,8 +126,8 @@ def _build(run_dir: Path, top: int, timelines: int, run_id: str | None,
         straggler_signal=lag.signal, straggler_busy_ratio=lag.busy_ratio,
         straggler_slowest_share=lag.slowest_share, straggler_wait_share=lag.wait_share,
         straggler_wait_rank=lag.wait_rank, straggler_throttled_s=lag.throttled_s,
-        slow_steps=slow, timelines=[_timeline(s, spans.get(s.step))
-                                    for s in slow[:timelines]],
+        slow_steps=slow, timelines=_timelines(run_dir, run_id, workers, traces, slow[:timelines],
+                                              lag.rank),
         over_time=over_time, collectives=_collectives(traces, metrics),
         compile=_compile(traces, metrics), resources=_resources(metrics),
         steady_samples_per_s=_total(r[0] for r in rates.values()),
@@ -208,12 +209,58 @@ def _trained_steps(metrics: MetricsDigest) -> int | None:
     return max(counts.values()) if counts else None
 
 
-def _timeline(slow: SlowStep, step: OneStep) -> StepTimeline:
-    origin = step.origin or 0
-    bars = [Bar(rank, kind, label, (start - origin) / 1e9, (end - origin) / 1e9)
-            for rank, kind, label, start, end in step.bars]
-    bars.sort(key=lambda b: (b.rank, b.start_s))
-    return StepTimeline(slow.step, slow.duration_s, bars)
+def _one(steps: dict[int, OneStep], step: int) -> OneStep:
+    return steps.get(step) or OneStep()
+
+
+def _timelines(run_dir: Path, run_id: str | None, workers: int | None, traces: TraceDigest,
+               slow: list[SlowStep], straggler: int | None) -> list[StepTimeline]:
+    """The timelines of the ``slow`` steps: their spans read again (the one pass that reads
+    spans of a step twice), of at most ``TIMELINE_RANKS`` ranks each."""
+    step_of = {traces.step_trace[s.step]: s.step for s in slow if s.step in traces.step_trace}
+    picked = {s.step: _shown_ranks(traces.table, s, straggler) for s in slow}
+    shown = {step: ranks for step, (ranks, _) in picked.items()}
+    spans = start_step_spans(run_dir, step_of, run_id, traces.files, traces.lines, workers,
+                             shown, traces.file_ranks)()
+    origins = traces.marks.steps(step_of)
+    out = []
+    for s in slow:
+        step = spans.get(s.step)
+        origin = _one(origins, s.step).origin or step.origin or 0
+        bars = [Bar(rank, kind, label, (start - origin) / 1e9, (end - origin) / 1e9)
+                for rank, kind, label, start, end in step.bars]
+        bars.sort(key=lambda b: (b.rank, b.start_s))
+        ranks = picked[s.step][1]
+        out.append(StepTimeline(s.step, s.duration_s, bars,
+                                ranks_of=ranks if ranks > TIMELINE_RANKS else None))
+    return out
+
+
+def _shown_ranks(table: StepTable, slow: SlowStep, straggler: int | None
+                 ) -> tuple[frozenset[int], int]:
+    """The ranks a step's timeline shows, and how many ranks the step has: every rank up to
+    ``TIMELINE_RANKS``; beyond, the ranks its cause names (the slow rank, the one late to
+    its collectives, the one its device waited for) and the run's straggler, then its
+    slowest ranks and its fastest, then ranks spread evenly over the rest,
+    ``TIMELINE_RANKS`` in all."""
+    durations = {table.ranks[row]: table.durations[row]
+                 for row, at in enumerate(table.steps) if at == slow.step}
+    ranks = sorted(durations, key=lambda rank: (-durations[rank], rank))
+    if len(ranks) <= TIMELINE_RANKS:
+        return frozenset(ranks), len(ranks)
+    named = [slow.rank, straggler]
+    if slow.late_arrival is not None:
+        named.append(slow.late_arrival.rank)
+    if slow.device_wait is not None:
+        named += [r for r in (slow.device_wait.rank, slow.device_wait.waited_for)
+                  if r is not None]
+    shown = {r for r in named if r in durations}
+    shown.update(ranks[:TIMELINE_RANKS // 4] + ranks[-(TIMELINE_RANKS // 8):])
+    rest = sorted(set(ranks) - shown)
+    room = TIMELINE_RANKS - len(shown)
+    if room > 0 and rest:
+        shown.update(rest[k * len(rest) // room] for k in range(min(room, len(rest))))
+    return frozenset(shown), len(ranks)
 
 
 def _collectives(traces: TraceDigest, metrics: MetricsDigest) -> list[CollectiveRow]:

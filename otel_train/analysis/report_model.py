@@ -304,6 +304,9 @@ class StepTimeline:
     step: int
     duration_s: float
     bars: list[Bar]
+    #: where the step has more ranks than a timeline shows (32): how many it has (the bars
+    #: are then of the ranks its cause names, its slowest and fastest, and a spread)
+    ranks_of: int | None = None
 
 
 @dataclass

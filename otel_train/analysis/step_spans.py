@@ -91,11 +91,105 @@ class OneStep:
         return self
 
 
-class StepSpans:
-    """The steps of some traces (trace id -> step), each folded into a :class:`OneStep`."""
+#: the span names whose first start on each rank pass one notes (:class:`StepMarks`)
+MARKED = tuple(SPAN_PHASE)
+_MARK = {name: code for code, name in enumerate(MARKED)}
+#: a :class:`StepMarks` row of a collective span (its seconds), not of a phase's start
+_COLLECTIVE = -1
 
-    def __init__(self, step_of: dict[str, int]) -> None:
+
+@dataclass
+class StepMarks:
+    """What the slow steps' blame reads of every step's spans, noted by pass one as it reads
+    them (traces.py), so that no second pass reads the slowest steps for it: a row per phase
+    span (:data:`MARKED`: its rank's start) and per collective span (its rank's seconds:
+    GPU time where the span has it), columns of numbers; and each trace's earliest span
+    start (the timeline's origin). :meth:`steps` folds the rows of a few steps into
+    :class:`OneStep` as pass two did (the bars apart: those are read for the timelines)."""
+
+    traces: array = field(default_factory=lambda: array("l"))  # index in ``trace_ids``
+    ranks: array = field(default_factory=lambda: array("q"))
+    kinds: array = field(default_factory=lambda: array("b"))  # index in MARKED, or -1
+    starts: array = field(default_factory=lambda: array("q"))  # a phase's start, epoch ns
+    seconds: array = field(default_factory=lambda: array("d"))  # a collective's seconds
+    trace_ids: list[str] = field(default_factory=list)
+    codes: dict[str, int] = field(default_factory=dict)
+    #: trace id -> the earliest start of any span of it, epoch ns
+    origins: dict[str, int] = field(default_factory=dict)
+
+    def _code(self, trace_id: str) -> int:
+        code = self.codes.get(trace_id)
+        if code is None:
+            code = self.codes[trace_id] = len(self.trace_ids)
+            self.trace_ids.append(trace_id)
+        return code
+
+    def phase(self, name: str, trace_id: str, rank: int, start_ns: int) -> None:
+        """A span of :data:`MARKED` (``name``) began at ``start_ns`` on ``rank``."""
+        self._row(self._code(trace_id), rank, _MARK[name], start_ns, 0.0)
+
+    def collective(self, trace_id: str, rank: int, seconds: float) -> None:
+        """A collective span of ``seconds`` on ``rank``."""
+        self._row(self._code(trace_id), rank, _COLLECTIVE, 0, seconds)
+
+    def _row(self, code: int, rank: int, kind: int, start: int, seconds: float) -> None:
+        held = len(self.kinds)
+        try:
+            self.ranks.append(rank)
+            self.starts.append(start)
+        except OverflowError:  # a damaged span's number: the row is left out, whole
+            del self.ranks[held:], self.starts[held:]
+            return
+        self.traces.append(code)
+        self.kinds.append(kind)
+        self.seconds.append(seconds)
+
+    def origin(self, trace_id: str, start_ns: int) -> None:
+        known = self.origins.get(trace_id)
+        if known is None or start_ns < known:
+            self.origins[trace_id] = start_ns
+
+    def merge(self, other: StepMarks) -> None:
+        """Take in the marks of the next files: the same as reading them after these."""
+        remap = [self._code(trace_id) for trace_id in other.trace_ids]
+        self.traces.extend(remap[code] for code in other.traces)
+        self.ranks.extend(other.ranks)
+        self.kinds.extend(other.kinds)
+        self.starts.extend(other.starts)
+        self.seconds.extend(other.seconds)
+        for trace_id, start in other.origins.items():
+            self.origin(trace_id, start)
+
+    def steps(self, step_of: dict[str, int]) -> dict[int, OneStep]:
+        """The steps of ``step_of``'s traces (trace id -> step): each rank's first start of
+        each phase, its seconds in collectives (added in the order read) and the origin."""
+        wanted = {self.codes[t]: step for t, step in step_of.items() if t in self.codes}
+        out = {step: OneStep(origin=self.origins.get(t)) for t, step in step_of.items()}
+        if not wanted:
+            return out
+        for row, code in enumerate(self.traces):
+            step = wanted.get(code)
+            if step is None:
+                continue
+            one, rank, kind = out[step], self.ranks[row], self.kinds[row]
+            if kind == _COLLECTIVE:
+                one.collective_s[rank] = one.collective_s.get(rank, 0.0) + self.seconds[row]
+            else:
+                ranks = one.starts.setdefault(MARKED[kind], {})
+                start = self.starts[row]
+                ranks[rank] = min(ranks.get(rank, start), start)
+        return out
+
+
+class StepSpans:
+    """The steps of some traces (trace id -> step), each folded into a :class:`OneStep`;
+    where ``shown`` names a step's ranks, only theirs are its bars (a timeline of 16,384
+    ranks shows some)."""
+
+    def __init__(self, step_of: dict[str, int],
+                 shown: dict[int, frozenset[int]] | None = None) -> None:
         self.step_of = step_of
+        self.shown = shown or {}
         self.steps: dict[int, OneStep] = {}
 
     def add(self, span: Span) -> None:
@@ -112,6 +206,9 @@ class StepSpans:
         if not kind:
             return
         rank = _rank(span)
+        shown = self.shown.get(step)
+        if shown is not None and rank not in shown:
+            return
         if name == sc.SPAN_COLLECTIVE:
             attrs = span.attributes
             seconds = attrs.get(sc.ATTR_COLLECTIVE_GPU_DURATION,
@@ -134,25 +231,37 @@ class StepSpans:
 
 
 class _NewStepSpans:
-    """``StepSpans(step_of)`` as a picklable factory (the workers make their own)."""
+    """``StepSpans(step_of, shown)`` as a picklable factory (the workers make their own)."""
 
-    def __init__(self, step_of: dict[str, int]) -> None:
+    def __init__(self, step_of: dict[str, int],
+                 shown: dict[int, frozenset[int]] | None) -> None:
         self.step_of = step_of
+        self.shown = shown
 
     def __call__(self) -> StepSpans:
-        return StepSpans(self.step_of)
+        return StepSpans(self.step_of, self.shown)
 
 
 def start_step_spans(run_dir: Path, step_of: dict[str, int], run_id: str | None,
                      files: list[Path], lines: dict[str, list[tuple[int, int]]],
-                     workers: int | None) -> Callable[[], StepSpans]:
+                     workers: int | None, shown: dict[int, frozenset[int]] | None = None,
+                     file_ranks: dict[int, set[int | None]] | None = None
+                     ) -> Callable[[], StepSpans]:
     """Pass two started: the steps of ``step_of``'s traces (trace id -> step), read from the
     lines pass one indexed (``files``, ``lines``: its digest's) in the workers, or from every
-    traces file where pass one indexed none; the function returned waits for it."""
-    make = _NewStepSpans(step_of)
+    traces file where pass one indexed none; the function returned waits for it. ``shown``:
+    step -> the ranks whose bars it keeps; ``file_ranks`` (file index -> the ranks of its
+    resources, None for one that names none) then leaves out the files of other ranks."""
+    make = _NewStepSpans(step_of, shown)
     if not step_of:
         return make
     if files:
+        if shown is not None and file_ranks is not None and set(shown) >= set(
+                step_of.values()):
+            wanted = set().union(*shown.values())
+            keep = {i for i, ranks in file_ranks.items()
+                    if None in ranks or not ranks.isdisjoint(wanted)}
+            lines = {t: [at for at in lines.get(t, ()) if at[0] in keep] for t in step_of}
         return start_fold_at(files, lines, set(step_of), make, run_id, workers)
     needles = tuple(step_of)
 

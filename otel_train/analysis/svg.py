@@ -228,6 +228,9 @@ def gantt(timeline: StepTimeline, report: Report | None = None) -> str:
     axis, x_of, _ = _time_axis(axis_y, 0.0, span, top, "time since the step's start",
                                exact=True)
     body = list(axis)
+    lanes: dict[int, list] = {rank: [] for rank in ranks}
+    for bar in timeline.bars:
+        lanes[bar.rank].append(bar)
     for row, rank in enumerate(ranks):
         y = top + row * lane
         if report is not None:
@@ -236,7 +239,7 @@ def gantt(timeline: StepTimeline, report: Report | None = None) -> str:
             group, label = f'<g class="rank-row" data-rank="{rank}">', [
                 _text(LEFT - 8, y + lane / 2 + 4, f"rank {rank}")]
         body += [group, *label]
-        for bar in (b for b in timeline.bars if b.rank == rank):
+        for bar in lanes[rank]:
             sub = bar.kind == "collective"
             tip = (f"rank {rank} {bar.label}: {fmt_time(bar.end_s - bar.start_s)} "
                    f"at {fmt_time(bar.start_s)}")

@@ -25,6 +25,7 @@ from otel_train.analysis.otlp import (
     Span,
     attribute,
     decode_attributes,
+    decode_value,
     iter_span_batches,
     iter_spans,
     paused_gc,
@@ -35,7 +36,8 @@ from otel_train.analysis.otlp import (
     start_spans_at,
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
-from otel_train.analysis.typed import UNSET, TypedSpan
+from otel_train.analysis.step_spans import MARKED, StepMarks
+from otel_train.analysis.typed import UNSET, TypedSpan, picked_values
 
 #: a rank's step time that no phase span covers (e.g. user code between the phases): its
 #: parts device_wait, host_busy and not_explained, added
@@ -51,6 +53,8 @@ _NOT_REGIONS = frozenset({*sc.TIMED_PHASES, *sc.PARTS, sc.PHASE_EXPOSED_COMM,
                           sc.PHASE_COMPILE})
 PASS_ONE_SPANS = frozenset({sc.SPAN_RANK_STEP, sc.SPAN_STEP, sc.SPAN_RUN, sc.SPAN_COLLECTIVE,
                             sc.SPAN_COMPILE})
+#: the phase spans pass one notes the start of (StepMarks), decoding none of their attributes
+_MARKED_ONLY = frozenset(MARKED) - PASS_ONE_SPANS
 #: the attributes of a collective's span that pass one reads: five for the tallies, and
 #: those that match it across ranks (of a rank_step's it reads most, so it decodes them all)
 COLLECTIVE_ATTRIBUTES = frozenset({sc.ATTR_COLLECTIVE_OP, sc.ATTR_COLLECTIVE_COUNT,
@@ -299,13 +303,15 @@ class CollectiveTally:
     def bw_sum(self) -> float:
         return _sum(self.bw_weighted)
 
-    def add(self, attrs: RawAttributes, duration_s: float) -> None:
-        """One collective's span, or a summary span of ``training.collective.count`` of them."""
-        count = int(attribute(attrs, sc.ATTR_COLLECTIVE_COUNT, 1))
+    def add(self, values: dict[str, Any], duration_s: float) -> None:
+        """One collective's span, or a summary span of ``training.collective.count`` of them
+        (``values``: its decoded attributes, those of ``COLLECTIVE_ATTRIBUTES`` at least)."""
+        get = values.get
+        count = int(get(sc.ATTR_COLLECTIVE_COUNT, 1))
         self.count += count
-        self.seconds.append(float(attribute(attrs, sc.ATTR_COLLECTIVE_TOTAL_S, duration_s)))
-        self.bytes += int(attribute(attrs, sc.ATTR_COLLECTIVE_BYTES, 0))
-        bw = attribute(attrs, sc.ATTR_COLLECTIVE_BUS_BW)
+        self.seconds.append(float(get(sc.ATTR_COLLECTIVE_TOTAL_S, duration_s)))
+        self.bytes += int(get(sc.ATTR_COLLECTIVE_BYTES, 0))
+        bw = get(sc.ATTR_COLLECTIVE_BUS_BW)
         if bw is not None:
             self.bw_weighted.append(float(bw) * count)
             self.bw_count += count
@@ -369,6 +375,10 @@ class TraceDigest:
     #: pass one's files and where each trace's spans are in them (pass two reads only those)
     files: list[Path] = field(default_factory=list)
     lines: LineIndex = field(default_factory=dict)
+    #: file index -> the ranks its resources name (None: a resource that names none)
+    file_ranks: dict[int, set[int | None]] = field(default_factory=dict)
+    #: each rank's phase starts and collective seconds in each step (the blame's evidence)
+    marks: StepMarks = field(default_factory=StepMarks)
 
     def add(self, raw: dict[str, Any], resource: dict[str, Any]) -> None:
         """One raw span of ``PASS_ONE_SPANS`` (:func:`~otel_train.analysis.otlp.
@@ -407,17 +417,17 @@ class TraceDigest:
     def _add_other(self, name: str, raw: dict[str, Any], resource: dict[str, Any],
                    start_ns: int, end_ns: int) -> None:
         duration_s = (end_ns - start_ns) / 1e9
-        attrs = (pick_attributes(raw.get("attributes"), COLLECTIVE_ATTRIBUTES)
-                 if name == sc.SPAN_COLLECTIVE else raw_attributes(raw.get("attributes")))
+        if name == sc.SPAN_COLLECTIVE:
+            self._add_collective(raw, resource, start_ns, end_ns)
+            return
+        attrs = raw_attributes(raw.get("attributes"))
         if name == sc.SPAN_STEP:
             step = int(attribute(attrs, sc.ATTR_STEP, -1))
             self.step_spans[step] = (raw.get("traceId", ""), duration_s)
-        elif name == sc.SPAN_COLLECTIVE:
-            op = str(attribute(attrs, sc.ATTR_COLLECTIVE_OP, "unknown"))
-            self.collectives.setdefault(op, CollectiveTally()).add(attrs, duration_s)
-            self.arrivals.add(attrs, resource, op, start_ns, end_ns)
         elif name == sc.SPAN_COMPILE:
             self.compiles.add(attrs, duration_s)
+            self.marks.phase(name, _trace_id(raw), int(attribute(
+                attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0))), start_ns)
         elif name == sc.SPAN_RUN:
             rank = int(attribute(attrs, sc.ATTR_RANK, resource.get(sc.RES_RANK, 0)))
             # a rank restarted under the same run id has a run span an attempt: its run is
@@ -434,9 +444,48 @@ class TraceDigest:
                                        str((raw.get("status") or {}).get("message", "")),
                                        int(attribute(attrs, sc.ATTR_STEPS, 0)), end_ns)
 
+    def _add_collective(self, raw: dict[str, Any], resource: dict[str, Any], start_ns: int,
+                        end_ns: int) -> None:
+        """A collective's span: the tallies, its arrival, its rank's seconds in its step.
+        The most numerous spans: only the attributes read are decoded, typed by msgspec
+        where it read the line."""
+        values = None
+        if raw.__class__ is TypedSpan:
+            values = picked_values(raw.attributes, COLLECTIVE_ATTRIBUTES)
+        if values is None:
+            values = {key: decode_value(value) for key, value in pick_attributes(
+                raw.get("attributes"), COLLECTIVE_ATTRIBUTES).items()}
+        duration_s = (end_ns - start_ns) / 1e9
+        get = values.get
+        op = str(get(sc.ATTR_COLLECTIVE_OP, "unknown"))
+        self.collectives.setdefault(op, CollectiveTally()).add(values, duration_s)
+        self.arrivals.add(values, resource, op, start_ns, end_ns)
+        seconds = get(sc.ATTR_COLLECTIVE_GPU_DURATION)
+        if seconds is None:
+            seconds = get(sc.ATTR_COLLECTIVE_TOTAL_S, duration_s)
+        self.marks.collective(_trace_id(raw), int(get(sc.ATTR_RANK, resource.get(
+            sc.RES_RANK, 0))), float(seconds))
+
+    def mark(self, raw: dict[str, Any], resource: dict[str, Any]) -> None:
+        """A phase span of ``_MARKED_ONLY``: its rank's start of it in its step (the rank
+        its resource names: reading its attributes for it would cost more than the rest of
+        pass one's work on it)."""
+        if raw.__class__ is TypedSpan:
+            name, start = raw.name, raw.startTimeUnixNano
+            start_ns = int(0 if start is UNSET else start)
+        else:
+            name, start_ns = raw.get("name"), int(raw.get("startTimeUnixNano", 0))
+        rank = resource.get(sc.RES_RANK)
+        if rank is None:
+            rank = attribute(pick_attributes(raw.get("attributes"), _RANK), sc.ATTR_RANK, 0)
+        self.marks.phase(name, _trace_id(raw), int(rank), start_ns)
+
     def merge(self, other: TraceDigest) -> None:
         """Take in the digest of the next files: the same as reading them after these."""
         self.table.extend(other.table)
+        self.marks.merge(other.marks)
+        for index, ranks in other.file_ranks.items():
+            self.file_ranks.setdefault(index, set()).update(ranks)
         self.step_spans.update(other.step_spans)
         for step, trace_id in other.step_trace.items():
             self.step_trace.setdefault(step, trace_id)
@@ -464,6 +513,25 @@ class TraceDigest:
         self.world_size = max(self.world_size, other.world_size)
         for trace_id, where in other.lines.items():
             self.lines.setdefault(trace_id, []).extend(where)
+
+
+def _trace_id(raw: dict[str, Any]) -> str:
+    """A raw span's trace id, "" where it has none (as json's dict's ``get`` says)."""
+    if raw.__class__ is TypedSpan:
+        trace_id = raw.traceId
+        return "" if trace_id is UNSET else trace_id
+    return raw.get("traceId", "")
+
+
+_RANK = frozenset({sc.ATTR_RANK})
+
+
+def _resource_rank(resource: dict[str, Any]) -> int | None:
+    """The rank a resource names, None where it names none (or not as a number)."""
+    try:
+        return int(resource[sc.RES_RANK])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def read_traces(run_dir: Path, run_id: str | None = None,
@@ -500,22 +568,39 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
         for file_index, path in files:
             for offset, resource, spans in iter_span_batches(path, run_id):
                 part = TraceDigest()  # a field of the wrong type leaves out its line only
+                origins: dict[str, int] = {}  # trace id -> its earliest start here
                 with skip_damaged(path, offset):
                     if spans and spans[0].__class__ is TypedSpan:  # a line's are all, or none
                         for raw in spans:  # fields read directly: get is a Python call
-                            if raw.name in PASS_ONE_SPANS:
+                            name = raw.name
+                            if name in PASS_ONE_SPANS:
                                 part.add(raw, resource)
-                        trace_ids = {raw.traceId for raw in spans}
-                        if UNSET in trace_ids:  # no trace id: json's dict says "" (get's)
-                            trace_ids.discard(UNSET)
-                            trace_ids.add("")
+                            elif name in _MARKED_ONLY:
+                                part.mark(raw, resource)
+                            trace_id, start = raw.traceId, raw.startTimeUnixNano
+                            if trace_id is UNSET:  # no trace id: json's dict says "" (get's)
+                                trace_id = ""
+                            start = 0 if start is UNSET else int(start)
+                            first = origins.get(trace_id)
+                            if first is None or start < first:
+                                origins[trace_id] = start
                     else:
                         for raw in spans:
-                            if raw.get("name") in PASS_ONE_SPANS:
+                            name = raw.get("name")
+                            if name in PASS_ONE_SPANS:
                                 part.add(raw, resource)
-                        trace_ids = {raw.get("traceId", "") for raw in spans}
+                            elif name in _MARKED_ONLY:
+                                part.mark(raw, resource)
+                            trace_id = raw.get("traceId", "")
+                            start = int(raw.get("startTimeUnixNano", 0))
+                            first = origins.get(trace_id)
+                            if first is None or start < first:
+                                origins[trace_id] = start
+                    for trace_id, start in origins.items():
+                        part.marks.origin(trace_id, start)
+                    part.file_ranks[file_index] = {_resource_rank(resource)}
                     digest.merge(part)
-                    for trace_id in trace_ids:
+                    for trace_id in origins:
                         where = lines.setdefault(trace_id, [])
                         if not where or where[-1] != (file_index, offset):
                             where.append((file_index, offset))

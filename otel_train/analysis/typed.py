@@ -95,6 +95,23 @@ if msgspec is not None:
 
     _FIELDS = frozenset(TypedSpan.__struct_fields__)
 
+    class _AnyValue(msgspec.Struct, gc=False):
+        """An OTLP AnyValue of one scalar (an array, map or bytes is read by json)."""
+
+        stringValue: str | UnsetType = UNSET  # noqa: N815
+        intValue: int | str | UnsetType = UNSET  # noqa: N815
+        doubleValue: float | str | UnsetType = UNSET  # noqa: N815
+        boolValue: bool | UnsetType = UNSET  # noqa: N815
+        arrayValue: Raw = _ABSENT  # noqa: N815
+        kvlistValue: Raw = _ABSENT  # noqa: N815
+        bytesValue: Raw = _ABSENT  # noqa: N815
+
+    class _KeyValue(msgspec.Struct, gc=False):
+        key: str
+        value: _AnyValue | UnsetType = UNSET
+
+    _ATTRIBUTES: Any = msgspec.json.Decoder(list[_KeyValue])
+
     class _ScopeSpans(msgspec.Struct, gc=False):
         spans: list[TypedSpan] | None | UnsetType = UNSET
 
@@ -120,6 +137,40 @@ else:  # pragma: no cover
 
 #: read every line with ``json`` (the tests' switch to compare the readers)
 JSON_ONLY = False
+
+
+def picked_values(raw: Any, keys: frozenset[str]) -> dict[str, Any] | None:
+    """The decoded values of the attributes ``keys`` of a span's raw ``attributes`` (a
+    :class:`msgspec.Raw`), as otlp.py's ``decode_value`` makes each, none of the others
+    made into Python objects; None where this cannot read them all (an array, a map, a
+    wrongly typed value: the caller reads them with json, which names what is wrong)."""
+    if not raw:
+        return {}
+    try:
+        pairs = _ATTRIBUTES.decode(raw)
+    except Exception:  # noqa: BLE001 - the json reader decides
+        return None
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key = pair.key
+        if key not in keys:
+            continue
+        value = pair.value
+        if value is UNSET:
+            out[key] = None
+        elif value.stringValue is not UNSET:
+            out[key] = value.stringValue
+        elif value.intValue is not UNSET:
+            out[key] = int(value.intValue)
+        elif value.doubleValue is not UNSET:
+            out[key] = float(value.doubleValue)
+        elif value.boolValue is not UNSET:
+            out[key] = value.boolValue
+        elif value.arrayValue or value.kvlistValue:
+            return None
+        else:
+            out[key] = None
+    return out
 
 
 def enabled() -> bool:

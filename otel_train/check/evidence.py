@@ -30,7 +30,7 @@ from otel_train.analysis.otlp import (
     skip_damaged,
 )
 from otel_train.analysis.parallel import Chunk, start_chunks
-from otel_train.analysis.typed import TypedSpan, decode_raw
+from otel_train.analysis.typed import TypedSpan, decode_raw, picked_values
 
 SPAN_PHASE = {span: phase for phase, span in sc.PHASE_SPAN.items()}
 #: the span kinds whose ranks and counts are checked per step
@@ -104,25 +104,28 @@ class TraceEvidence:
         rows = []
         fast = bool(spans) and spans[0].__class__ is TypedSpan  # a line's are all, or none
         for raw in spans:
+            values = None
             if fast:  # its fields read directly, its attributes decoded here (typed.py)
                 name, trace_id, span_id, parent_id = raw.ids()
                 encoded = raw.attributes
-                attrs = pick_attributes(decode_raw(encoded) if encoded else None,
-                                        READ_ATTRIBUTES)
+                values = picked_values(encoded, READ_ATTRIBUTES)
+                if values is None:  # a value msgspec does not type: json's way, below
+                    attrs = pick_attributes(decode_raw(encoded), READ_ATTRIBUTES)
             else:
                 attrs = pick_attributes(raw.get("attributes"), READ_ATTRIBUTES)
                 name, trace_id, span_id, parent_id = (
                     raw.get("name", ""), raw.get("traceId", ""), raw.get("spanId", ""),
                     raw.get("parentSpanId", "") or "")
-            rank, size, step = attrs.get(key_rank), attrs.get(key_size), attrs.get(key_step)
+            if values is None:
+                values = {key: decode_value(value) for key, value in attrs.items()}
+            get = values.get
+            rank = get(key_rank, resource_rank) if key_rank in values else resource_rank
+            step = get(key_step)
             if name == run or name == rank_step:
-                self._fate_of(name, raw, resource_rank if rank is None else decode_value(rank),
-                              step)
+                self._fate_of(name, raw, rank, step)
             rows.append((name, trace_id, span_id, parent_id,
-                         links_of(raw) if name == run else [],
-                         resource_rank if rank is None else decode_value(rank),
-                         resource_size if size is None else decode_value(size),
-                         None if step is None else decode_value(step)))
+                         links_of(raw) if name == run else [], rank,
+                         get(key_size) if key_size in values else resource_size, step))
         self._add_rows(rows, targets, target_traces)
 
     def _fate_of(self, name: str, raw: dict[str, Any], rank: Any, step: Any) -> None:
@@ -131,7 +134,7 @@ class TraceEvidence:
         if name == sc.SPAN_RUN:
             attrs = pick_attributes(raw.get("attributes"), RUN_ATTRIBUTES)
             status, steps = attrs.get(sc.ATTR_STATUS), attrs.get(sc.ATTR_STEPS)
-        self._note_fate(name, rank, None if step is None else decode_value(step),
+        self._note_fate(name, rank, step,
                         None if status is None else decode_value(status),
                         (raw.get("status") or {}).get("message", ""),
                         None if steps is None else decode_value(steps),

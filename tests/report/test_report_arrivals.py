@@ -16,7 +16,7 @@ from support.report_fixtures import run_demo
 from otel_train import semconv as sc
 from otel_train.analysis import arrivals as arr
 from otel_train.analysis import attribution as st
-from otel_train.analysis.otlp import iter_spans, raw_attributes, signal_files
+from otel_train.analysis.otlp import decode_attributes, iter_spans, signal_files
 from otel_train.analysis.traces import UNTIMED, StepTable
 from otel_train.cli import main
 
@@ -155,7 +155,7 @@ def _rows(*spans: tuple[int, int, int, float, str]) -> arr.ArrivalRows:
     """(rank, seq, step, start s, op) of collective spans of group "0" with 3 ranks."""
     rows = arr.ArrivalRows()
     for rank, seq, step, start_s, op in spans:
-        attrs = raw_attributes([
+        attrs = decode_attributes([
             {"key": sc.ATTR_COLLECTIVE_SEQ, "value": {"intValue": str(seq)}},
             {"key": sc.ATTR_COLLECTIVE_GROUP, "value": {"stringValue": "0"}},
             {"key": sc.ATTR_COLLECTIVE_GROUP_SIZE, "value": {"intValue": "3"}},

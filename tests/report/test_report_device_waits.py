@@ -15,7 +15,7 @@ from otel_train import semconv as sc
 from otel_train.analysis import arrivals as arr
 from otel_train.analysis import attribution as st
 from otel_train.analysis.device_waits import GpuIntervals
-from otel_train.analysis.otlp import raw_attributes
+from otel_train.analysis.otlp import decode_attributes
 from otel_train.analysis.traces import UNTIMED, Gap, StepTable
 from otel_train.sources.gaps import blocked_ns, gpu_outside_ns
 
@@ -56,7 +56,7 @@ def collectives(rows: list[tuple[int, int, int, float, float, float]]) -> GpuInt
     """(rank, seq, step, issued at s, GPU end at s, GPU seconds) per all_reduce."""
     out = arr.ArrivalRows()
     for rank, seq, step, issued, end, gpu_s in rows:
-        attrs = raw_attributes([
+        attrs = decode_attributes([
             {"key": sc.ATTR_COLLECTIVE_SEQ, "value": {"intValue": str(seq)}},
             {"key": sc.ATTR_COLLECTIVE_GROUP, "value": {"stringValue": "nccl:0"}},
             {"key": sc.ATTR_COLLECTIVE_SOURCE, "value": {"stringValue": "nccl_profiler"}},

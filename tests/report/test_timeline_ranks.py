@@ -1,0 +1,64 @@
+"""A run of many ranks: the slow steps' blame comes from pass one's marks (no second read of
+their spans), and a timeline shows at most 32 ranks: those its cause names, its slowest
+and fastest, and a spread, each with the bars a full timeline gives it (issue 52, item 6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.replicate import replicate
+from support.report_fixtures import RunSpec, write_run
+
+from otel_train import semconv as sc
+from otel_train.analysis import build
+from otel_train.analysis.build import build_report
+from otel_train.analysis.html import render_html
+
+RANKS = 80
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # real rank 1 waits 1.9 s for data in step 5: so do its copies, the odd ranks
+    spec = RunSpec(ranks=2, steps=10, run_id="real", straggler_rank=1, spike_steps=(5,),
+                   metrics_every=4, recompile_step=-1)
+    real = write_run(spec, tmp_path_factory.mktemp("real"))
+    return replicate(real, tmp_path_factory.mktemp("many"), RANKS, "many",
+                     slow=(57, sc.PHASE_BACKWARD, 3.0))
+
+
+def test_a_timeline_of_many_ranks_shows_32_with_the_slow_rank(many: Path) -> None:
+    report = build_report(many)
+    assert report.timelines
+    cause = {s.step: s for s in report.slow_steps}
+    assert cause[5].rank % 2 == 1 and cause[5].phase == sc.PHASE_DATA_WAIT, cause[5].cause
+    for timeline in report.timelines:
+        shown = {bar.rank for bar in timeline.bars}
+        assert timeline.ranks_of == RANKS
+        assert len(shown) == build.TIMELINE_RANKS
+        named = cause[timeline.step].rank
+        assert {named, report.straggler} <= shown, "the cause's rank, the run's straggler"
+        kinds = {bar.kind for bar in timeline.bars if bar.rank == named}
+        assert {"forward", "backward", "collective"} <= kinds
+    html = render_html(report)
+    assert f"32 of the step's {RANKS:,} ranks" in html
+
+
+def test_the_shown_ranks_bars_are_those_of_the_whole_timeline(
+        many: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    some = build_report(many)
+    monkeypatch.setattr(build, "TIMELINE_RANKS", RANKS)
+    whole = build_report(many)
+    assert [t.step for t in some.timelines] == [t.step for t in whole.timelines]
+    for part, full in zip(some.timelines, whole.timelines, strict=True):
+        assert full.ranks_of is None and len({b.rank for b in full.bars}) == RANKS
+        shown = {bar.rank for bar in part.bars}
+        assert part.bars == [bar for bar in full.bars if bar.rank in shown]
+
+
+def test_the_blame_is_the_same_without_timelines(many: Path) -> None:
+    with_timelines = build_report(many)
+    without = build_report(many, timelines=0)
+    assert without.timelines == [] and without.slow_steps
+    assert without.slow_steps == with_timelines.slow_steps
