@@ -233,14 +233,39 @@ def step_mean_s(row: RankBreakdown) -> float:
     return sum(row.phase_mean_s.values())
 
 
+#: the per-rank tables show every rank of a run of up to this many ranks; of a larger run,
+#: the ranks that stand out (a table of 16,384 rows is read by no one, and takes rich minutes)
+TERMINAL_RANKS = 32
+SLOWEST_SHOWN, FASTEST_SHOWN = 20, 5
+
+
+def shown_rank_rows(report: Report) -> tuple[list[RankBreakdown], str | None]:
+    """The per-rank rows the terminal shows, in rank order, and what a table of fewer than
+    every rank says of them (None where it shows every rank): of a run of more than
+    ``TERMINAL_RANKS`` ranks, the straggler, the ``SLOWEST_SHOWN`` slowest by mean step,
+    the median rank and the ``FASTEST_SHOWN`` fastest."""
+    rows = report.rank_rows
+    if len(rows) <= TERMINAL_RANKS:
+        return rows, None
+    by_mean = sorted(rows, key=lambda r: (-step_mean_s(r), r.rank))
+    picked = by_mean[:SLOWEST_SHOWN] + [by_mean[len(by_mean) // 2]] + by_mean[-FASTEST_SHOWN:]
+    picked += [r for r in rows if r.rank == report.straggler]
+    shown = sorted({r.rank: r for r in picked}.values(), key=lambda r: r.rank)
+    straggler = ", the straggler (red)" if report.straggler is not None else ""
+    return shown, (f"{len(shown)} of {len(rows):,} ranks: the {SLOWEST_SHOWN} slowest by mean "
+                   f"step, the median, the {FASTEST_SHOWN} fastest{straggler}; every rank: "
+                   "--json or --html")
+
+
 def _per_rank_table(report: Report, title: str, times: bool, phases: bool) -> Table:
-    table = Table(title=title)
+    rows, caption = shown_rank_rows(report)
+    table = Table(title=title, caption=caption)
     columns = phase_columns(report) if phases else []
     headers = ["rank"] + (["steps", "mean", "median", "p95", "max"] if times else [])
     headers += [header for header, _, _ in columns]
     for header in headers:
         table.add_column(header, justify="right")
-    for row in report.rank_rows:
+    for row in rows:
         cells = [str(row.rank)]
         if times:
             cells += [str(row.steps), fmt_s(step_mean_s(row)), fmt_s(row.median_s),
@@ -293,10 +318,19 @@ def _collective_table(report: Report) -> Table:
 
 
 def _resource_table(report: Report) -> Table:
-    table = Table(title="Memory, overlap and CPU throttling per rank")
+    rows, caption = report.resources, None
+    if len(rows) > TERMINAL_RANKS:  # the per-rank tables' ranks, and the most memory
+        ranks = {r.rank for r in shown_rank_rows(report)[0]}
+        most = sorted(rows, key=lambda r: -(r.memory_peak_bytes or 0))[:FASTEST_SHOWN]
+        ranks |= {r.rank for r in most}
+        rows = [r for r in rows if r.rank in ranks]
+        caption = (f"{len(rows)} of {len(report.resources):,} ranks: those above, and the "
+                   f"{FASTEST_SHOWN} with the highest peak allocated; every rank: --json or "
+                   "--html")
+    table = Table(title="Memory, overlap and CPU throttling per rank", caption=caption)
     for column in ("rank", "peak allocated", "reserved", "comm overlap", "cpu throttled"):
         table.add_column(column, justify="right")
-    for row in report.resources:
+    for row in rows:
         overlap = "-" if row.comm_overlap is None else f"{row.comm_overlap:.0%}"
         table.add_row(str(row.rank), fmt_bytes(row.memory_peak_bytes),
                       fmt_bytes(row.memory_reserved_bytes), overlap, fmt_s(row.cpu_throttled_s))

@@ -1,19 +1,22 @@
 """A run of many ranks: the slow steps' blame comes from pass one's marks (no second read of
-their spans), and a timeline shows at most 32 ranks: those its cause names, its slowest
-and fastest, and a spread, each with the bars a full timeline gives it (issue 52, item 6)."""
+their spans), a timeline shows at most 32 ranks (those its cause names, its slowest and
+fastest, and a spread, each with the bars a full timeline gives it), and the terminal's
+per-rank tables the ranks that stand out (issue 52, item 6)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 from support.replicate import replicate
 from support.report_fixtures import RunSpec, write_run
 
 from otel_train import semconv as sc
-from otel_train.analysis import build
+from otel_train.analysis import build, terminal
 from otel_train.analysis.build import build_report
 from otel_train.analysis.html import render_html
+from otel_train.analysis.terminal import render_terminal, shown_rank_rows
 
 RANKS = 80
 
@@ -62,3 +65,18 @@ def test_the_blame_is_the_same_without_timelines(many: Path) -> None:
     without = build_report(many, timelines=0)
     assert without.timelines == [] and without.slow_steps
     assert without.slow_steps == with_timelines.slow_steps
+
+
+def test_the_terminal_shows_the_ranks_that_stand_out_of_many(many: Path) -> None:
+    report = build_report(many)
+    console = Console(record=True, width=240)
+    render_terminal(report, console)
+    text = console.export_text()
+    rows, caption = shown_rank_rows(report)
+    assert caption is not None and f"of {RANKS:,} ranks" in caption
+    assert caption in " ".join(text.split()), "said under the tables (wrapped to their width)"
+    assert len(rows) <= terminal.TERMINAL_RANKS
+    slowest = max(report.rank_rows, key=terminal.step_mean_s)
+    fastest = min(report.rank_rows, key=terminal.step_mean_s)
+    assert {slowest.rank, fastest.rank, report.straggler} <= {r.rank for r in rows}
+    assert len(text.splitlines()) < 200, "a table of 80 rows would be longer"
