@@ -219,14 +219,14 @@ def _timelines(run_dir: Path, run_id: str | None, workers: int | None, traces: T
     spans of a step twice), of at most ``TIMELINE_RANKS`` ranks each."""
     step_of = {traces.step_trace[s.step]: s.step for s in slow if s.step in traces.step_trace}
     picked = {s.step: _shown_ranks(traces.table, s, straggler) for s in slow}
-    shown = {step: ranks for step, (ranks, _) in picked.items()}
+    shown = {step: ranks for step, (ranks, _) in picked.items() if ranks is not None}
     spans = start_step_spans(run_dir, step_of, run_id, traces.files, traces.lines, workers,
                              shown, traces.file_ranks)()
-    origins = traces.marks.steps(step_of)
+    origins = {step: traces.marks.origins.get(trace_id) for trace_id, step in step_of.items()}
     out = []
     for s in slow:
         step = spans.get(s.step)
-        origin = _one(origins, s.step).origin or step.origin or 0
+        origin = origins.get(s.step) or step.origin or 0
         bars = [Bar(rank, kind, label, (start - origin) / 1e9, (end - origin) / 1e9)
                 for rank, kind, label, start, end in step.bars]
         bars.sort(key=lambda b: (b.rank, b.start_s))
@@ -237,8 +237,9 @@ def _timelines(run_dir: Path, run_id: str | None, workers: int | None, traces: T
 
 
 def _shown_ranks(table: StepTable, slow: SlowStep, straggler: int | None
-                 ) -> tuple[frozenset[int], int]:
-    """The ranks a step's timeline shows, and how many ranks the step has: every rank up to
+                 ) -> tuple[frozenset[int] | None, int]:
+    """The ranks a step's timeline shows (None: every rank with a span in it, a rank that
+    died in the step among them), and how many ranks the step has: every rank up to
     ``TIMELINE_RANKS``; beyond, the ranks its cause names (the slow rank, the one late to
     its collectives, the one its device waited for) and the run's straggler, then its
     slowest ranks and its fastest, then ranks spread evenly over the rest,
@@ -247,7 +248,7 @@ def _shown_ranks(table: StepTable, slow: SlowStep, straggler: int | None
                  for row, at in enumerate(table.steps) if at == slow.step}
     ranks = sorted(durations, key=lambda rank: (-durations[rank], rank))
     if len(ranks) <= TIMELINE_RANKS:
-        return frozenset(ranks), len(ranks)
+        return None, len(ranks)
     named = [slow.rank, straggler]
     if slow.late_arrival is not None:
         named.append(slow.late_arrival.rank)

@@ -75,8 +75,8 @@ def render_html(report: Report) -> str:
         if timeline.ranks_of is not None:
             shown = len({bar.rank for bar in timeline.bars})
             parts.append(f'<p class="note">{shown} of the step\'s {timeline.ranks_of:,} '
-                         "ranks: those its cause names, its slowest and its fastest, and "
-                         "ranks spread evenly over the others.</p>")
+                         "ranks: those its cause names, the run's straggler, its slowest and "
+                         "its fastest, and ranks spread evenly over the others.</p>")
     parts += ["<h2>Breakdown over time</h2>", svg.over_time(report), _over_time_note(report),
               _goodput(report),
               "<h2>Collectives</h2>", _collectives(report), _late_table(report),

@@ -524,6 +524,16 @@ def _trace_id(raw: dict[str, Any]) -> str:
 
 
 _RANK = frozenset({sc.ATTR_RANK})
+_NO_START = 1 << 63  # later than any start: a span whose start is damaged sets no origin
+
+
+def _start_ns(value: Any) -> int:
+    """A span's start (epoch ns) for its trace's origin; a damaged one damages no line here
+    (pass one reads no other field of a span of another kind)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return _NO_START
 
 
 def _resource_rank(resource: dict[str, Any]) -> int | None:
@@ -580,7 +590,7 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
                             trace_id, start = raw.traceId, raw.startTimeUnixNano
                             if trace_id is UNSET:  # no trace id: json's dict says "" (get's)
                                 trace_id = ""
-                            start = 0 if start is UNSET else int(start)
+                            start = _start_ns(0 if start is UNSET else start)
                             first = origins.get(trace_id)
                             if first is None or start < first:
                                 origins[trace_id] = start
@@ -592,12 +602,13 @@ def read_trace_files(files: Chunk, run_id: str | None = None) -> TraceDigest:
                             elif name in _MARKED_ONLY:
                                 part.mark(raw, resource)
                             trace_id = raw.get("traceId", "")
-                            start = int(raw.get("startTimeUnixNano", 0))
+                            start = _start_ns(raw.get("startTimeUnixNano", 0))
                             first = origins.get(trace_id)
                             if first is None or start < first:
                                 origins[trace_id] = start
                     for trace_id, start in origins.items():
-                        part.marks.origin(trace_id, start)
+                        if start != _NO_START:
+                            part.marks.origin(trace_id, start)
                     part.file_ranks[file_index] = {_resource_rank(resource)}
                     digest.merge(part)
                     for trace_id in origins:

@@ -119,13 +119,13 @@ class TraceEvidence:
             if values is None:
                 values = {key: decode_value(value) for key, value in attrs.items()}
             get = values.get
-            rank = get(key_rank, resource_rank) if key_rank in values else resource_rank
+            rank = get(key_rank, resource_rank)
             step = get(key_step)
             if name == run or name == rank_step:
                 self._fate_of(name, raw, rank, step)
             rows.append((name, trace_id, span_id, parent_id,
                          links_of(raw) if name == run else [], rank,
-                         get(key_size) if key_size in values else resource_size, step))
+                         get(key_size, resource_size), step))
         self._add_rows(rows, targets, target_traces)
 
     def _fate_of(self, name: str, raw: dict[str, Any], rank: Any, step: Any) -> None:
