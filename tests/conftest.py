@@ -40,5 +40,7 @@ TIMING_MODULES = frozenset({
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     root = config.rootpath
     for item in items:
+        if item.get_closest_marker("idle_only") is not None:
+            continue  # its precondition does not hold beside the hogs: it says why
         if item.path.relative_to(root).as_posix() in TIMING_MODULES:
             item.add_marker(pytest.mark.timing)
