@@ -80,3 +80,26 @@ def test_the_terminal_shows_the_ranks_that_stand_out_of_many(many: Path) -> None
     fastest = min(report.rank_rows, key=terminal.step_mean_s)
     assert {slowest.rank, fastest.rank, report.straggler} <= {r.rank for r in rows}
     assert len(text.splitlines()) < 200, "a table of 80 rows would be longer"
+
+
+def test_the_ranks_a_cause_names_are_shown_wherever_they_rank_in_the_step() -> None:
+    # 100 ranks, each a step of its own length: the ranks the cause names (the slow rank,
+    # the late arrival, the device wait's rank and the rank it waited for) and the run's
+    # straggler lie in the middle, where neither the slowest, the fastest nor the even
+    # spread picks them all (shown failing with the named ranks left out on purpose)
+    from array import array
+
+    from otel_train.analysis.report_model import DeviceWait, SlowStep, StepLateness
+    from otel_train.analysis.traces import StepTable
+
+    ranks = 100
+    table = StepTable(steps=array("q", [7] * ranks), ranks=array("l", range(ranks)),
+                      durations=array("d", (1 + r / 1000 for r in range(ranks))))
+    slow = SlowStep(step=7, duration_s=1.1, rank=40, phase=sc.PHASE_BACKWARD, phase_s=0.1,
+                    share=0.1, late_arrival=StepLateness(7, 42, 0.1, None),  # type: ignore
+                    device_wait=DeviceWait(rank=43, step=7, seconds=0.1, waited_for=44))
+    shown, of = build._shown_ranks(table, slow, straggler=41)
+    assert of == ranks and shown is not None and len(shown) == build.TIMELINE_RANKS
+    assert {40, 41, 42, 43, 44} <= shown, "every rank the cause names, and the straggler"
+    assert set(range(92, 100)) <= shown, "the 8 slowest"
+    assert set(range(4)) <= shown, "the 4 fastest"
