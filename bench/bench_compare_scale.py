@@ -114,7 +114,7 @@ def main() -> int:
         "date": f"{now:%Y-%m-%d %H:%M} UTC",
         "verdict": verdict,
         "made by": f"python bench/bench_compare_scale.py --ranks {args.ranks} --steps "
-                   f"{args.steps} --out {args.out or '-'}",
+                   f"{args.steps} --repeat {args.repeat} --out {args.out or '-'}",
     }
     # each value a JSON string: YAML reads it as the same string, colons and all
     lines = ["---", *(f"{key}: {json.dumps(value)}" for key, value in header.items()),
