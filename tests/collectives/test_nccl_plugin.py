@@ -243,7 +243,11 @@ def test_self_timing_counts_the_enqueuing_callbacks_and_its_own_floor_is_below_t
     """OTEL_TRAIN_NCCL_SELF_TIME=1 (a measurement switch, bench/multigpu/route_cost.py):
     the task's start and stop are timed and counted (not the channels': NCCL's proxy thread
     makes those), and the timer's own part of each (an empty timed region, measured on the
-    calling thread) is positive and below the mean timed callback, which holds one."""
+    calling thread) is positive and below the mean timed callback, which holds one. The floor
+    is the least of five measurements (each the mean of 4000 empty regions): beside CI's two
+    CPU hogs one measurement came out at 969 ns against the callbacks' 903, while five in a
+    row under the same load ranged 513 to 895 ns; a moment of contention raises one, never
+    lowers the least."""
     _run_in_fresh_process("""
 import os
 os.environ["OTEL_TRAIN_NCCL_SELF_TIME"] = "1"  # read when NCCL first calls init
@@ -258,7 +262,7 @@ for seq in range(2000):
         reader.read()
 timed = reader.self_time()
 assert timed["callbacks"] == 4000, timed  # start + stop of each task
-floor = reader.self_time_floor(4000)
+floor = min(reader.self_time_floor(4000) for _ in range(5))
 mean = timed["callbacks_ns"] / timed["callbacks"]
 assert 0 < floor < mean, (floor, mean)
 """, plugin_file)
