@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import subprocess
@@ -30,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_report import machine, mean_ci95  # noqa: E402
+from bench_report import machine, mean_ci95, write_record  # noqa: E402
 
 PROBE = """
 import statistics, sys, time, torch
@@ -127,13 +126,10 @@ def main() -> int:
         f"Verdict: {verdict}.",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"date": date, "machine": machine(), "versions": versions(), "verdict": verdict,
-             "seconds": args.seconds, "launches": runs, "spread": spread}, indent=2) + "\n")
+    write_record(args.out, "\n".join(lines),
+                 {"date": date, "machine": machine(), "versions": versions(),
+                  "verdict": verdict, "seconds": args.seconds, "launches": runs,
+                  "spread": spread})
     return 0 if met else 1
 
 

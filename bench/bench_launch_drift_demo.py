@@ -45,7 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-from bench_report import machine, mean_ci95  # noqa: E402
+from bench_launch_drift import versions  # noqa: E402
+from bench_report import machine, mean_ci95, write_record  # noqa: E402
 
 MODES = ("off", "on")
 
@@ -139,14 +140,6 @@ def _sd_ratio(on: list[float], off: list[float], resamples: int = 2000
             (ratios[int(0.025 * len(ratios))], ratios[int(0.975 * len(ratios)) - 1]))
 
 
-def versions() -> str:
-    import platform
-
-    import torch
-
-    return f"Python {platform.python_version()}, torch {torch.__version__}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--launches", type=int, default=10, help="per mode")
@@ -234,15 +227,11 @@ def main() -> int:
         f"Verdict: {verdict}.",
         "",
     ]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-        args.out.with_suffix(".json").write_text(json.dumps(
-            {"date": date, "machine": machine(), "versions": versions(), "verdict": verdict,
-             "steps": args.steps, "skip": args.skip, "launches": runs, "summary": summary,
-             "sd_ratio": {"ratio": ratio, "low": ratio_low, "high": ratio_high}},
-            indent=2) + "\n")
+    write_record(args.out, "\n".join(lines),
+                 {"date": date, "machine": machine(), "versions": versions(),
+                  "verdict": verdict, "steps": args.steps, "skip": args.skip,
+                  "launches": runs, "summary": summary,
+                  "sd_ratio": {"ratio": ratio, "low": ratio_low, "high": ratio_high}})
     return 0 if met else 1
 
 

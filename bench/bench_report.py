@@ -123,6 +123,15 @@ def _installed() -> bool:
         return False
 
 
+def write_record(out: Path | None, text: str, data: dict) -> None:
+    """Print a benchmark's Markdown record; with ``out``, write it there and ``data`` as JSON
+    beside it (the name its front matter's ``data:`` gives)."""
+    print(text)
+    if out:
+        out.write_text(text)
+        out.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n")
+
+
 def mean_ci95(values: list[float]) -> tuple[float, float]:
     """The 95% confidence interval of the mean (Student's t; the runs as a sample)."""
     mean = statistics.fmean(values)
